@@ -1,0 +1,3 @@
+from distilkit.cli import main
+
+main()

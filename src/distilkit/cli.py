@@ -1,0 +1,182 @@
+"""`distilkit finetune | distill | evaluate | export | predict | demo`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
+console = Console(stderr=True)
+
+ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (see configs/)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a field: section.field=value")]
+
+
+def _user_errors():
+    from distilkit.config import ConfigError
+    from distilkit.data.readers import DataError
+    from distilkit.models.hub import ModelNotFound
+    from distilkit.run import RunError
+
+    return ConfigError, DataError, ModelNotFound, RunError, FileExistsError, ValueError, TypeError
+
+
+def _fail(err: Exception) -> None:
+    console.print(f"[bold red]error:[/] {err}")
+    raise typer.Exit(2)
+
+
+def _train(config_path: Path | None, overrides: list[str], force_method: str | None) -> None:
+    from distilkit.config import load_config
+    from distilkit.run import run_experiment
+
+    try:
+        overrides = list(overrides)
+        if force_method:
+            overrides.append(f"method.name={force_method}")
+        config = load_config(config_path, overrides)
+        metrics = run_experiment(config)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps(metrics, indent=2))
+
+
+@app.command()
+def finetune(config: ConfigArg = None, set_: SetOpt = None) -> None:
+    """Fine-tune on labels only (a teacher, or the no-distillation student baseline)."""
+    _train(config, set_ or [], "finetune")
+
+
+@app.command()
+def distill(config: ConfigArg = None, set_: SetOpt = None) -> None:
+    """Distil a teacher into a student with the method the config names."""
+    _train(config, set_ or [], None)
+
+
+@app.command()
+def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teacher folder")],
+             task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
+             data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
+             split: Annotated[list[str] | None, typer.Option(help="split(s) to score; default dev")] = None,
+             max_length: int = 128, batch_size: int = 128,
+             output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
+    """GLUE dev metrics of a saved model, as JSON."""
+    from distilkit.config import build_config
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.evaluate.evaluator import evaluate_splits
+    from distilkit.models.student import load_student, load_tokenizer, read_metadata
+    from distilkit.run import eval_splits, read_split, task_spec
+
+    try:
+        from distilkit.models.hub import resolve_model
+
+        path = resolve_model(model)
+        task = task or read_metadata(Path(path)).get("task")
+        if not task:
+            raise ValueError(f"{model} does not record its task: pass --task")
+        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": max_length},
+                               "eval": {"splits": split}, "student": {"init": "pretrained", "pretrained": path}})
+        spec = task_spec(config)
+        tokenizer = load_tokenizer(path)
+        student = load_student(path)
+        datasets = {s: TokenizedDataset(read_split(config, spec, s), tokenizer, max_length, spec.is_regression)
+                    for s in eval_splits(config, spec)}
+        results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
+    except _user_errors() as err:
+        _fail(err)
+    text = json.dumps(results, indent=2)
+    if output:
+        output.write_text(text)
+    print(text)
+
+
+@app.command()
+def export(model: Annotated[Path, typer.Argument(help="a saved student folder")],
+           destination: Annotated[Path, typer.Argument(help="new folder for the deployable model")],
+           onnx: Annotated[bool, typer.Option(help="also write model.onnx (checked against PyTorch)")] = False,
+           int8: Annotated[bool, typer.Option(help="also write a dynamic int8 ONNX model")] = False) -> None:
+    """Save a student for deployment: HF folder + tokenizer, optionally ONNX and int8 ONNX."""
+    from distilkit.export import export as do_export
+
+    try:
+        written = do_export(model, destination, onnx=onnx, int8=int8)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps(written, indent=2))
+
+
+@app.command()
+def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (PyTorch or with model.onnx)")],
+            texts: Annotated[list[str] | None, typer.Argument(help="text(s); a pair as 'first ||| second'")] = None,
+            file: Annotated[Path | None, typer.Option(help="one input per line")] = None,
+            use_onnx: Annotated[bool, typer.Option("--onnx", help="run model.onnx with ONNX Runtime")] = False,
+            max_length: int = 128) -> None:
+    """Predict labels for raw text with a saved student; one JSON line per input."""
+    import torch
+
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import Example
+    from distilkit.evaluate.evaluator import predict_logits
+    from distilkit.models.student import load_student, load_tokenizer, read_metadata
+
+    try:
+        lines = list(texts or [])
+        if file:
+            lines += [line.rstrip("\n") for line in file.read_text().splitlines() if line.strip()]
+        if not lines:
+            raise ValueError("give text arguments or --file")
+        meta = read_metadata(model)
+        tokenizer = load_tokenizer(str(model))
+        if use_onnx:
+            from distilkit.export import ONNX_FILE, OnnxStudent
+
+            student = OnnxStudent(model / ONNX_FILE)
+        else:
+            student = load_student(model)
+        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        if len({len(e.texts) for e in examples}) != 1:
+            raise ValueError("mix of single texts and pairs: give all inputs in the same form")
+        dataset = TokenizedDataset(examples, tokenizer, meta.get("max_length", max_length))
+        logits = predict_logits(student, dataset)
+    except _user_errors() as err:
+        _fail(err)
+    labels = meta.get("labels")
+    for line, row in zip(lines, logits):
+        if labels is None:
+            print(json.dumps({"text": line, "score": float(row[0])}))
+        else:
+            probs = torch.softmax(torch.from_numpy(row), -1)
+            best = int(probs.argmax())
+            print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+@app.command()
+def demo(data: Annotated[str | None, typer.Option(help="data folder holding glue/SST-2 (default $DISTILKIT_DATA)")] = None,
+         output: Annotated[Path, typer.Option(help="where the demo's runs go")] = Path("runs/demo"),
+         budget: Annotated[str, typer.Option(help="fast: capped SST-2, < 15 min on 2 cores; full: all of SST-2")] = "fast"
+         ) -> None:
+    """End to end on SST-2: fine-tune the MiniLM teacher, distil it with KD into S3-384, compare."""
+    from distilkit.demo import run_demo
+
+    try:
+        run_demo(data, output, budget)
+    except _user_errors() as err:
+        _fail(err)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted; rerun the same command to resume from the last checkpoint")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""One typed schema for an experiment, loaded from YAML plus `--set a.b=value` overrides.
+
+Invalid values fail here, before any work starts, with the field's path and the allowed values.
+Each method owns the schema of its own parameters (`MethodParams` subclasses in `methods/`);
+the `method` section is validated against the schema of the method it names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with every offending field path listed."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MethodParams(StrictModel):
+    """Base of every method's parameter schema; `name` selects the method in the registry."""
+
+    name: str
+
+
+class TaskConfig(StrictModel):
+    name: str = "sst2"  # a GLUE task, or "custom" with the fields below
+    text_columns: list[str] | None = None
+    label_column: str = "label"
+    labels: list[str] | None = None  # custom classification labels; null means regression
+    metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
+    train_file: str | None = None
+    dev_file: str | None = None
+    test_file: str | None = None
+
+    @model_validator(mode="after")
+    def _custom_needs_files(self):
+        if self.name == "custom":
+            if not self.text_columns or not 1 <= len(self.text_columns) <= 2:
+                raise ValueError("a custom task needs text_columns: one or two column names")
+            if not self.train_file:
+                raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
+        else:
+            from distilkit.data.tasks import glue_task
+
+            glue_task(self.name)
+        return self
+
+
+class DataConfig(StrictModel):
+    source: Literal["local", "hub"] = "local"
+    dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
+    max_length: int = Field(128, ge=8, le=4096)
+    max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
+    max_eval_examples: int | None = Field(None, ge=1)
+
+
+class TeacherConfig(StrictModel):
+    model: str | None = None  # a fine-tuned model folder, an alias (minilm-l6), or a hub id
+    cache: bool = True  # keep teacher outputs on disk and reuse them
+    cache_dir: str | None = None  # default: $DISTILKIT_CACHE or ~/.cache/distilkit
+    trust_remote_code: bool = False
+
+
+STUDENT_PRESETS: dict[str, dict[str, int]] = {
+    "S3-384": {"layers": 3, "hidden": 384, "heads": 12, "ffn": 1536},
+    "S4-312": {"layers": 4, "hidden": 312, "heads": 12, "ffn": 1200},
+    "S4-192": {"layers": 4, "hidden": 192, "heads": 12, "ffn": 768},
+}
+
+
+class StudentConfig(StrictModel):
+    kind: str = "transformer"
+    # random: a fresh model of the given shape; teacher_layers: copy the teacher's embeddings and the
+    # chosen layers (DistilBERT-style); pretrained: load a checkpoint (also how a teacher is fine-tuned)
+    init: Literal["random", "teacher_layers", "pretrained"] = "teacher_layers"
+    pretrained: str | None = None
+    preset: Literal["S3-384", "S4-312", "S4-192"] | None = None
+    layers: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=8)
+    heads: int | None = Field(None, ge=1)
+    ffn: int | None = Field(None, ge=8)
+    # teacher layers (1-based) copied into the student for init=teacher_layers; default: see layer_selection
+    teacher_layers: list[int] | None = None
+    layer_selection: Literal["uniform", "first"] = "uniform"  # "first": the first n layers (Text Smoothing)
+    options: dict[str, Any] = Field(default_factory=dict)  # extra settings of non-transformer students
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.init == "pretrained" and not self.pretrained:
+            raise ValueError("init=pretrained needs student.pretrained (a folder, alias or hub id)")
+        return self
+
+    def shape(self) -> dict[str, int | None]:
+        base = dict(STUDENT_PRESETS[self.preset]) if self.preset else {}
+        for key in ("layers", "hidden", "heads", "ffn"):
+            if getattr(self, key) is not None:
+                base[key] = getattr(self, key)
+        return base
+
+
+class TrainConfig(StrictModel):
+    epochs: float = Field(3.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # overrides epochs when set
+    batch_size: int = Field(32, ge=1)
+    learning_rate: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    grad_accumulation: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    mixed_precision: Literal["no", "bf16"] = "bf16"
+    seed: int = 42
+    checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
+    keep_checkpoints: int = Field(1, ge=1)
+    log_every: int = Field(10, ge=1)
+    threads: int | None = Field(None, ge=1)
+
+
+class EvalConfig(StrictModel):
+    every_steps: int | None = Field(None, ge=1)  # default: end of every epoch
+    splits: list[str] | None = None  # default: the task's dev split(s)
+    batch_size: int = Field(128, ge=1)
+
+
+class OutputConfig(StrictModel):
+    dir: str = "runs/experiment"
+    # a finished run in dir is kept unless overwrite is set; an unfinished one is resumed
+    overwrite: bool = False
+
+
+class ExperimentConfig(StrictModel):
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    student: StudentConfig = Field(default_factory=StudentConfig)
+    method: SerializeAsAny[MethodParams] = Field(default_factory=lambda: method_params({"name": "finetune"}))
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method_schema(cls, value):
+        return value if isinstance(value, MethodParams) else method_params(value)
+
+    @model_validator(mode="after")
+    def _teacher_where_needed(self):
+        from distilkit.methods import get_method
+
+        if get_method(self.method.name).needs_teacher and not self.teacher.model:
+            raise ValueError(f"method {self.method.name!r} distils from a teacher: set teacher.model")
+        if self.student.init == "teacher_layers" and not self.teacher.model:
+            raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
+                             "or use student.init=pretrained / random")
+        return self
+
+
+def method_params(value: Any) -> MethodParams:
+    """Validates a `method` mapping against the parameter schema of the method it names."""
+    from distilkit.methods import get_method, method_names
+
+    if not isinstance(value, dict) or "name" not in value:
+        raise ValueError(f"method needs a name, one of {method_names()}")
+    try:
+        method_cls = get_method(value["name"])
+    except KeyError:
+        raise ValueError(f"unknown method {value['name']!r}; choose one of {method_names()}") from None
+    try:
+        return method_cls.Params.model_validate(value)
+    except ValidationError as err:
+        raise ValueError(_describe(err, prefix="method")) from None
+
+
+def _describe(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
+        lines.append(f"{path or '(config)'}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`a.b=value` pairs; values parse as YAML (numbers, lists, null)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        node = data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {key} is not a section")
+        node[keys[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def build_config(data: dict) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError("invalid config: " + _describe(err)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping of sections (task, data, teacher, ...)")
+    return build_config(apply_overrides(data, overrides or []))
+
+
+def dump_config(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

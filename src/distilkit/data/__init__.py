@@ -1,0 +1,1 @@
+"""Tasks, readers, tokenised datasets."""

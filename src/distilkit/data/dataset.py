@@ -1,0 +1,133 @@
+"""Tokenised datasets, dynamic padding and length bucketing.
+
+Every row keeps its position in the dataset as `example_ids`: the teacher cache, the CoDIR
+memory bank and reference pairing all index by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from distilkit.data.readers import Example
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class TokenizedDataset(torch.utils.data.Dataset):
+    """Examples tokenised once with the teacher's tokenizer, kept as int32 arrays."""
+
+    def __init__(self, examples: Sequence[Example], tokenizer, max_length: int, is_regression: bool = False):
+        if not examples:
+            raise ValueError("cannot build a dataset from zero examples")
+        self.examples = list(examples)
+        self.max_length = max_length
+        self.is_regression = is_regression
+        columns = list(zip(*(e.texts for e in self.examples)))
+        encoded = tokenizer(*[list(c) for c in columns], truncation=True, max_length=max_length)
+        self.input_ids = [np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"]]
+        types = encoded.get("token_type_ids")
+        self.token_type_ids = [np.asarray(t, dtype=np.int32) for t in types] if types is not None else None
+        self.lengths = np.asarray([len(ids) for ids in self.input_ids], dtype=np.int64)
+        self.has_labels = all(e.label is not None for e in self.examples)
+        self.labels = (
+            np.asarray([e.label for e in self.examples], dtype=np.float32 if is_regression else np.int64)
+            if self.has_labels else None
+        )
+        self.pad_token_id = tokenizer.pad_token_id or 0
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, index: int) -> dict:
+        item = {"input_ids": self.input_ids[index], "example_ids": index}
+        if self.token_type_ids is not None:
+            item["token_type_ids"] = self.token_type_ids[index]
+        if self.labels is not None:
+            item["labels"] = self.labels[index]
+        return item
+
+    def fingerprint(self) -> str:
+        """Identifies the exact token ids (and labels): any change in data or tokenisation changes it."""
+        digest = hashlib.sha256()
+        digest.update(f"{len(self)}|{self.max_length}".encode())
+        for i, ids in enumerate(self.input_ids):
+            digest.update(ids.tobytes())
+            if self.token_type_ids is not None:
+                digest.update(self.token_type_ids[i].tobytes())
+            digest.update(b"|")
+        return digest.hexdigest()
+
+    def collate(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        return collate(items, self.pad_token_id)
+
+
+def collate(items: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pads every sequence field to the longest row in the batch (dynamic padding)."""
+    longest = max(len(item["input_ids"]) for item in items)
+    batch: dict[str, torch.Tensor] = {}
+    ids = torch.full((len(items), longest), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(items), longest), dtype=torch.long)
+    for row, item in enumerate(items):
+        n = len(item["input_ids"])
+        ids[row, :n] = torch.from_numpy(np.asarray(item["input_ids"], dtype=np.int64))
+        mask[row, :n] = 1
+    batch["input_ids"], batch["attention_mask"] = ids, mask
+    if "token_type_ids" in items[0]:
+        types = torch.zeros((len(items), longest), dtype=torch.long)
+        for row, item in enumerate(items):
+            types[row, : len(item["token_type_ids"])] = torch.from_numpy(
+                np.asarray(item["token_type_ids"], dtype=np.int64))
+        batch["token_type_ids"] = types
+    batch["example_ids"] = torch.tensor([item["example_ids"] for item in items], dtype=torch.long)
+    if "labels" in items[0]:
+        batch["labels"] = torch.tensor(np.asarray([item["labels"] for item in items]))
+    return batch
+
+
+class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Shuffled batches of similar length, so padding costs little.
+
+    Each epoch's order depends only on (seed, epoch): a resumed run replays it exactly and can
+    start from any batch of the epoch.
+    """
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True,
+                 bucket_batches: int = 50):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.bucket_batches = bucket_batches
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        n = len(self.lengths)
+        if not self.shuffle:
+            order = np.argsort(-self.lengths, kind="stable")
+            return [order[i: i + self.batch_size].tolist() for i in range(0, n, self.batch_size)]
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        perm = torch.randperm(n, generator=generator).numpy()
+        batches = []
+        span = self.batch_size * self.bucket_batches
+        for start in range(0, n, span):
+            chunk = perm[start: start + span]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+            batches += [chunk[i: i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        batch_order = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in batch_order]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.epoch_batches(self.epoch)[self.start_batch:]
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size - self.start_batch

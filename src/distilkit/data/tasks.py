@@ -1,0 +1,100 @@
+"""The task registry: what a task's files look like and how it is scored.
+
+The nine GLUE tasks are registered here with the column names, canonical label order and
+official metrics of the GLUE tsv files. Custom tasks (csv/jsonl with named columns) are
+described by the same `TaskSpec`, built from the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    text_columns: tuple[str, ...]
+    label_column: str
+    labels: tuple[str, ...] | None  # None: regression (one output)
+    metrics: tuple[str, ...]  # the first one selects the best checkpoint
+    folder: str = ""  # GLUE folder name under <data>/glue/
+    # split name -> file names to try, first found wins (reduced/subset files are fallbacks)
+    split_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # CoLA's train/dev files have no header: column names in file order
+    headerless_columns: tuple[str, ...] | None = None
+    hub_name: str = ""  # name of the GLUE config on the Hugging Face hub
+    dev_splits: tuple[str, ...] = ("dev",)
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    @property
+    def main_metric(self) -> str:
+        return self.metrics[0]
+
+
+_STANDARD = {"train": ("train.tsv", "train_subset.tsv"), "dev": ("dev.tsv",), "test": ("test.tsv",)}
+
+GLUE_TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in [
+        TaskSpec(
+            "cola", ("sentence",), "label", ("0", "1"), ("matthews",), "CoLA", _STANDARD,
+            headerless_columns=("source", "label", "original_label", "sentence"), hub_name="cola",
+        ),
+        TaskSpec("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",), "SST-2", _STANDARD, hub_name="sst2"),
+        TaskSpec(
+            "mrpc", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("f1", "accuracy"), "MRPC", _STANDARD,
+            hub_name="mrpc",
+        ),
+        TaskSpec(
+            "stsb", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"), "STS-B", _STANDARD,
+            hub_name="stsb",
+        ),
+        TaskSpec(
+            "qqp", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy"), "QQP", _STANDARD,
+            hub_name="qqp",
+        ),
+        TaskSpec(
+            "mnli", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
+            ("accuracy",), "MNLI",
+            {
+                "train": ("train.tsv", "train_subset.tsv"),
+                "dev_matched": ("dev_matched.tsv", "dev_matched.reduced.tsv"),
+                "dev_mismatched": ("dev_mismatched.tsv",),
+                "test_matched": ("test_matched.tsv",),
+                "test_mismatched": ("test_mismatched.tsv",),
+            },
+            hub_name="mnli", dev_splits=("dev_matched", "dev_mismatched"),
+        ),
+        TaskSpec(
+            "qnli", ("question", "sentence"), "label", ("entailment", "not_entailment"), ("accuracy",), "QNLI",
+            _STANDARD, hub_name="qnli",
+        ),
+        TaskSpec(
+            "rte", ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"), ("accuracy",), "RTE",
+            _STANDARD, hub_name="rte",
+        ),
+        TaskSpec("wnli", ("sentence1", "sentence2"), "label", ("0", "1"), ("accuracy",), "WNLI", _STANDARD,
+                 hub_name="wnli"),
+    ]
+}
+
+# Common spellings people type for the same task.
+_ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli"}
+
+
+def glue_task(name: str) -> TaskSpec:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)} or define a custom task")
+    return GLUE_TASKS[key]

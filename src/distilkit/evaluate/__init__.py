@@ -1,0 +1,1 @@
+"""Scores, speed and size."""

@@ -1,0 +1,41 @@
+"""Running a student over a dataset and scoring it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
+from distilkit.data.tasks import TaskSpec
+from distilkit.evaluate.metrics import compute_metrics
+from distilkit.models.features import FeatureRequest
+
+
+@torch.inference_mode()
+def predict_logits(student, dataset: TokenizedDataset, batch_size: int = 128,
+                   mixed_precision: str = "no") -> np.ndarray:
+    """Logits in dataset order; batches are length-sorted so padding costs little."""
+    was_training = student.training
+    student.eval()
+    out = None
+    sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, seed=0, shuffle=False)
+    for indices in sampler:
+        batch = dataset.collate([dataset[i] for i in indices])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
+            logits = student.features(batch, FeatureRequest(logits=True)).logits.float().numpy()
+        if out is None:
+            out = np.zeros((len(dataset), logits.shape[-1]), dtype=np.float32)
+        out[indices] = logits
+    student.train(was_training)
+    return out
+
+
+def evaluate_splits(student, datasets: dict[str, TokenizedDataset], task: TaskSpec, batch_size: int = 128,
+                    mixed_precision: str = "no") -> dict[str, dict[str, float]]:
+    results = {}
+    for split, dataset in datasets.items():
+        if dataset.labels is None:
+            continue
+        logits = predict_logits(student, dataset, batch_size, mixed_precision)
+        results[split] = compute_metrics(task, logits, dataset.labels)
+    return results

@@ -1,0 +1,32 @@
+"""The official GLUE metrics, from scikit-learn and SciPy."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from distilkit.data.tasks import TaskSpec
+
+
+def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
+    return logits.reshape(-1) if task.is_regression else logits.argmax(-1)
+
+
+def compute_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    predictions = predictions_from_logits(task, logits)
+    scores: dict[str, float] = {}
+    for name in task.metrics:
+        if name == "accuracy":
+            scores[name] = float(accuracy_score(labels, predictions))
+        elif name == "f1":
+            scores[name] = float(f1_score(labels, predictions))
+        elif name == "matthews":
+            scores[name] = float(matthews_corrcoef(labels, predictions))
+        elif name == "pearson":
+            scores[name] = float(pearsonr(predictions, labels)[0])
+        elif name == "spearman":
+            scores[name] = float(spearmanr(predictions, labels)[0])
+        else:
+            raise ValueError(f"unknown metric {name!r}")
+    return scores

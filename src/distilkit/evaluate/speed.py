@@ -1,0 +1,83 @@
+"""Measured CPU speed and counted size.
+
+Latency is per sentence at batch 1 (p50/p95 over repeats, after warm-up), with 1 thread and with
+all threads; throughput is sentences/s at batch 32 over the dev sentences in dataset order
+(dynamic padding, no sorting: what a server sees). Compare two models only as a ratio measured in
+the same process, one after the other: this machine's timings drift from run to run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from distilkit.data.dataset import TokenizedDataset
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _batches(dataset: TokenizedDataset, batch_size: int, limit: int | None = None) -> list[dict]:
+    n = len(dataset) if limit is None else min(limit, len(dataset))
+    return [dataset.collate([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
+
+
+def latency_ms(forward: Callable[[dict], object], dataset: TokenizedDataset, sentences: int = 100,
+               warmup: int = 10, threads: int | None = None) -> dict:
+    batches = _batches(dataset, 1, sentences)
+    times = []
+    with torch_threads(threads), torch.inference_mode():
+        for batch in batches[:warmup]:
+            forward(batch)
+        for batch in batches:
+            start = time.perf_counter()
+            forward(batch)
+            times.append((time.perf_counter() - start) * 1000)
+    return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95)),
+            "sentences": len(times), "warmup": warmup, "threads": threads or torch.get_num_threads()}
+
+
+def throughput(forward: Callable[[dict], object], dataset: TokenizedDataset, batch_size: int = 32,
+               limit: int | None = 512, warmup: int = 2, threads: int | None = None) -> dict:
+    batches = _batches(dataset, batch_size, limit)
+    with torch_threads(threads), torch.inference_mode():
+        for batch in batches[:warmup]:
+            forward(batch)
+        start = time.perf_counter()
+        count = 0
+        for batch in batches:
+            forward(batch)
+            count += batch["input_ids"].shape[0]
+        seconds = time.perf_counter() - start
+    return {"sentences_per_second": count / seconds, "sentences": count, "batch_size": batch_size,
+            "threads": threads or torch.get_num_threads()}
+
+
+def transformer_flops(config, sequence_length: float) -> float:
+    """Multiply-adds ×2 per sequence for a BERT-style encoder (projections, FFN, attention products)."""
+    d, f, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    t = sequence_length
+    per_layer = 2 * t * (4 * d * d + 2 * d * f) + 2 * 2 * t * t * d
+    return float(layers * per_layer)
+
+
+def pytorch_forward(model, bf16: bool = False) -> Callable[[dict], object]:
+    """A student's (or teacher's) plain logits forward, optionally under bf16 autocast."""
+    from distilkit.models.features import FeatureRequest
+
+    def forward(batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return model.features(batch, FeatureRequest(logits=True)).logits
+    return forward

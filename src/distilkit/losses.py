@@ -1,0 +1,76 @@
+"""Distillation losses: pure functions, one per formula, tensors in and a scalar out.
+
+Each docstring names the paper and equation it implements. No state and no config: weights,
+schedules and layer maps belong to the methods that call these.
+
+Masking convention: token-level losses average over real tokens only (`attention_mask` = 1),
+so a loss does not change with how much padding a batch happens to carry.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def hard_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy with the gold labels (the "hard" loss of Hinton et al. 2015; LRC-BERT eq. 5 with τ=1)."""
+    return F.cross_entropy(logits.float(), labels.long())
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """TinyBERT eq. (10): −softmax(zᵀ/t) · log_softmax(zˢ/t), mean over the batch.
+
+    Also the soft term of BERT-PKD (L_DS). It equals the KL divergence plus the teacher's entropy,
+    which does not depend on the student, so the gradients are the same as KL's.
+    """
+    teacher_probs = F.softmax(teacher_logits.float() / temperature, dim=-1)
+    student_log_probs = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    return -(teacher_probs * student_log_probs).sum(-1).mean()
+
+
+def kl_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """KL(softmax(zᵀ/τ) ‖ softmax(zˢ/τ)), mean over the batch.
+
+    LRC-BERT eq. (4) and CoDIR eq. (2) as written, with no T² factor. Hinton et al. (2015, §2)
+    multiply this by T² so the soft gradients keep their size as T grows; the `kd` method does
+    that explicitly.
+    """
+    teacher_log_probs = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    student_log_probs = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean()
+
+
+def mse(student: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error: logit matching (Tang et al. 2019 eq. 2; regression KD in LRC-BERT and Hinton)."""
+    return F.mse_loss(student.float().reshape(target.shape), target.float())
+
+
+def hidden_mse(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
+               attention_mask: torch.Tensor) -> torch.Tensor:
+    """TinyBERT eq. (8) (and eq. 9 for the embedding layer): MSE(Hˢ W_h, Hᵀ) over real tokens.
+
+    `student_hidden` must already be projected to the teacher's width (B, T, D).
+    """
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)
+    squared = (student_hidden.float() - teacher_hidden.float()).pow(2) * mask
+    return squared.sum() / (mask.sum() * teacher_hidden.shape[-1]).clamp_min(1.0)
+
+
+def attention_mse(student_scores: torch.Tensor, teacher_scores: torch.Tensor,
+                  attention_mask: torch.Tensor) -> torch.Tensor:
+    """TinyBERT eq. (7): (1/h) Σ_heads MSE(Aˢ_i, Aᵀ_i) on pre-softmax scores, over real (query, key) pairs.
+
+    Scores are (B, H, T, T); student and teacher must have the same number of heads.
+    """
+    pair_mask = (attention_mask[:, :, None] * attention_mask[:, None, :]).unsqueeze(1).to(torch.float32)
+    squared = (student_scores.float() - teacher_scores.float()).pow(2) * pair_mask
+    return squared.sum() / (pair_mask.sum() * teacher_scores.shape[1]).clamp_min(1.0)
+
+
+def pkd_normalized_distance(student_cls: torch.Tensor, teacher_cls: torch.Tensor) -> torch.Tensor:
+    """BERT-PKD eq. (4) for one layer pair: ‖hˢ/‖hˢ‖₂ − hᵀ/‖hᵀ‖₂‖²₂ on [CLS], mean over the batch."""
+    student_unit = F.normalize(student_cls.float(), dim=-1)
+    teacher_unit = F.normalize(teacher_cls.float(), dim=-1)
+    return (student_unit - teacher_unit).pow(2).sum(-1).mean()

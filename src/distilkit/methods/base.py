@@ -1,0 +1,132 @@
+"""What a method is, and the registry that finds methods by name.
+
+A method declares the features it needs from teacher and student, owns its extra trainable parts
+(projections, memory banks: it is an `nn.Module`, optimised and checkpointed with the student),
+and turns features into named loss terms, possibly weighted by training progress. Methods that
+need more than "features in, losses out" override one of two hooks:
+
+- `training_step`: wraps the step (LRC-BERT's gradient perturbation runs the student twice);
+- `prepare_batch`: transforms the inputs before anything runs (soft inputs, references).
+
+The training loop knows only this interface; it never names a method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from distilkit import losses
+from distilkit.config import MethodParams
+from distilkit.data.tasks import TaskSpec
+from distilkit.models.features import Features, FeatureRequest
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int  # optimizer steps taken before this one
+    total: int  # optimizer steps in the whole run
+
+    @property
+    def fraction(self) -> float:
+        return self.step / max(self.total, 1)
+
+    def before(self, fraction: float) -> bool:
+        """True while the run is in the first `fraction` of its steps (stage switches at a fixed step)."""
+        return self.step < round(fraction * self.total)
+
+
+@dataclass
+class MethodContext:
+    task: TaskSpec
+    student: nn.Module  # a distilkit Student
+    teacher: object | None  # a distilkit Teacher
+    total_steps: int
+    train_size: int
+    train_labels: torch.Tensor | None = None  # for label-aware negatives
+    accelerator: object | None = None  # for gathering in-batch negatives across processes
+
+
+class Method(nn.Module):
+    name: ClassVar[str]
+    Params: ClassVar[type[MethodParams]]
+    needs_teacher: ClassVar[bool] = True
+    # False when the teacher's input changes from step to step, so its outputs cannot be cached
+    teacher_cacheable: ClassVar[bool] = True
+
+    def __init__(self, params: MethodParams, ctx: MethodContext):
+        super().__init__()
+        self.params = params
+        self.ctx = ctx
+
+    def teacher_request(self) -> FeatureRequest:
+        return FeatureRequest()
+
+    def student_request(self) -> FeatureRequest:
+        return FeatureRequest(logits=True)
+
+    def loss_terms(self, batch: dict, student: Features, teacher: Features | None,
+                   progress: Progress) -> dict[str, torch.Tensor]:
+        """Named, already weighted loss terms; the step minimises their sum. Zero-weight terms are left out."""
+        raise NotImplementedError
+
+    def training_step(self, student_model: nn.Module, batch: dict, teacher: Features | None,
+                      progress: Progress) -> dict[str, torch.Tensor]:
+        return self.loss_terms(batch, student_model.features(batch, self.student_request()), teacher, progress)
+
+    def prepare_batch(self, batch: dict, teacher) -> dict:
+        return batch
+
+    # shared pieces -----------------------------------------------------------------------------
+
+    def label_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The task's own loss: cross-entropy, or MSE for regression (STS-B)."""
+        if self.ctx.task.is_regression:
+            return losses.mse(logits.squeeze(-1), labels.float())
+        return losses.hard_cross_entropy(logits, labels)
+
+    def layer_map(self, explicit: list[int] | None) -> list[int]:
+        """Teacher layer (1-based) for each student layer 1..M: explicit, or uniform every k-th."""
+        from distilkit.models.student import uniform_layer_map
+
+        n_student, n_teacher = self.ctx.student.num_layers, self.ctx.teacher.num_layers
+        mapping = explicit or uniform_layer_map(n_student, n_teacher)
+        if len(mapping) != n_student or not all(1 <= t <= n_teacher for t in mapping):
+            raise ValueError(f"layer_map {mapping} must give one teacher layer in 1..{n_teacher} for each of the "
+                             f"{n_student} student layers")
+        return list(mapping)
+
+
+def projection(student_width: int, teacher_width: int) -> nn.Module:
+    """W mapping student width to teacher width (TinyBERT W_h, LRC-BERT W); identity when equal."""
+    return nn.Identity() if student_width == teacher_width else nn.Linear(student_width, teacher_width)
+
+
+def weighted(terms: dict[str, tuple[float, torch.Tensor | None]]) -> dict[str, torch.Tensor]:
+    """{name: (weight, value)} -> {name: weight*value}, dropping zero weights."""
+    return {name: weight * value for name, (weight, value) in terms.items() if weight and value is not None}
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"method name {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[Method]:
+    import distilkit.methods  # noqa: F401  (registers the built-in methods)
+
+    return _REGISTRY[name]
+
+
+def method_names() -> list[str]:
+    import distilkit.methods  # noqa: F401
+
+    return sorted(_REGISTRY)

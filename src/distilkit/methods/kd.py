@@ -1,0 +1,40 @@
+"""Hinton et al. (2015), "Distilling the Knowledge in a Neural Network".
+
+L = w_soft · T² · KL(softmax(zᵀ/T) ‖ softmax(zˢ/T)) + w_hard · CE(y, softmax(zˢ)).
+
+The T² factor (Hinton §2) keeps the soft term's gradients the same size whatever T is, so the
+two weights mean the same thing at every temperature. For regression (STS-B) both terms are MSE:
+to the teacher's prediction and to the label.
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+from distilkit import losses
+from distilkit.config import MethodParams
+from distilkit.methods.base import Method, register_method, weighted
+from distilkit.models.features import FeatureRequest
+
+
+@register_method
+class KD(Method):
+    name = "kd"
+
+    class Params(MethodParams):
+        name: Literal["kd"] = "kd"
+        temperature: float = Field(2.0, gt=0)
+        soft_weight: float = Field(1.0, ge=0)
+        hard_weight: float = Field(0.0, ge=0)
+
+    def teacher_request(self):
+        return FeatureRequest(logits=True)
+
+    def loss_terms(self, batch, student, teacher, progress):
+        p = self.params
+        if self.ctx.task.is_regression:
+            soft = losses.mse(student.logits, teacher.logits)
+        else:
+            soft = p.temperature ** 2 * losses.kl_divergence(student.logits, teacher.logits, p.temperature)
+        hard = self.label_loss(student.logits, batch["labels"]) if p.hard_weight else None
+        return weighted({"soft": (p.soft_weight, soft), "hard": (p.hard_weight, hard)})

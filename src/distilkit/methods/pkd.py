@@ -1,0 +1,64 @@
+"""BERT-PKD (Sun et al. 2019), Patient Knowledge Distillation.
+
+L = (1 − α) · L_CE + α · L_DS + β · L_PT, where L_DS is the soft cross-entropy at temperature T
+(eq. 2) and L_PT (eq. 4) = Σ_j ‖hˢ_j/‖hˢ_j‖₂ − hᵀ_I(j)/‖hᵀ_I(j)‖₂‖²₂ over [CLS] of the intermediate
+student layers j = 1..M−1. PKD-Skip maps them to every k-th teacher layer, PKD-Last to the last
+M−1 teacher layers before the top one. The top layer is left to L_DS, as in the paper. When widths
+differ (the paper's students share the teacher's width) a learned projection maps the student's [CLS].
+"""
+
+from typing import Literal
+
+from pydantic import Field
+from torch import nn
+
+from distilkit import losses
+from distilkit.config import MethodParams
+from distilkit.methods.base import Method, projection, register_method, weighted
+from distilkit.models.features import FeatureRequest
+
+
+def pkd_layer_map(strategy: str, student_layers: int, teacher_layers: int) -> list[int]:
+    """Teacher layers (1-based) for student layers 1..M−1."""
+    n = student_layers - 1
+    if strategy == "skip":
+        step = teacher_layers // student_layers
+        return [step * (j + 1) for j in range(n)]
+    return list(range(teacher_layers - n, teacher_layers))  # "last"
+
+
+@register_method
+class PKD(Method):
+    name = "pkd"
+
+    class Params(MethodParams):
+        name: Literal["pkd"] = "pkd"
+        strategy: Literal["skip", "last"] = "skip"
+        alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft term; 1 − α goes to the labels
+        beta: float = Field(100.0, ge=0)  # weight of the patient term (the paper searches 10..1000)
+        temperature: float = Field(5.0, gt=0)
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        if ctx.student.num_layers < 2:
+            raise ValueError("PKD needs a student with at least 2 layers (it distils layers 1..M-1)")
+        self.mapping = pkd_layer_map(params.strategy, ctx.student.num_layers, ctx.teacher.num_layers)
+        self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
+
+    def teacher_request(self):
+        return FeatureRequest(hidden=frozenset(self.mapping), logits=True)
+
+    def student_request(self):
+        return FeatureRequest(hidden=frozenset(range(1, len(self.mapping) + 1)), logits=True)
+
+    def loss_terms(self, batch, student, teacher, progress):
+        p = self.params
+        if self.ctx.task.is_regression:
+            soft = losses.mse(student.logits, teacher.logits)
+        else:
+            soft = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
+        patient = sum(
+            losses.pkd_normalized_distance(proj(student.cls(s_layer)), teacher.cls(t_layer))
+            for s_layer, (t_layer, proj) in enumerate(zip(self.mapping, self.projections), start=1))
+        return weighted({"hard": (1 - p.alpha, self.label_loss(student.logits, batch["labels"])),
+                         "soft": (p.alpha, soft), "patient": (p.beta, patient)})

