@@ -64,7 +64,8 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(LogitsOnly(model), tuple(inputs.values()), str(out_path), input_names=names,
+        # .eval() on the wrapper too: export restores the wrapper's mode, recursively, afterwards
+        torch.onnx.export(LogitsOnly(model).eval(), tuple(inputs.values()), str(out_path), input_names=names,
                           output_names=["logits"], dynamic_axes=dynamic, opset_version=opset, dynamo=False)
     difference = onnx_parity(model, out_path, tokenizer)
     if difference > 1e-4:
@@ -80,6 +81,7 @@ def onnx_parity(model, onnx_path: Path, tokenizer) -> float:
     encoded = tokenizer(["parity check sentence number one", "two", "and a third, longer, parity check input"],
                         padding=True, return_tensors="pt")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    model.eval()
     feeds = {i.name: encoded[i.name].numpy() for i in session.get_inputs()}
     onnx_logits = session.run(["logits"], feeds)[0]
     with torch.inference_mode():

@@ -72,7 +72,7 @@ class TinyBERT(Method):
 
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
-        mask = batch["attention_mask"]
+        mask = student.attention_mask
         if progress.before(p.intermediate_fraction):
             terms = {"embedding": (p.embedding_weight, losses.hidden_mse(
                 self.projections[0](student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)}

@@ -1,0 +1,125 @@
+"""Bad configs and bad data fail early, naming the field or the file and line."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distilkit.config import ConfigError, load_config
+from distilkit.data.dataset import LengthBucketBatchSampler
+from distilkit.data.readers import DataError, read_table, read_tsv
+from distilkit.data.tasks import GLUE_TASKS, glue_task
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_invalid_choice_names_field_and_allowed_values(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "train: {mixed_precision: fp8}\n"))
+    assert "train.mixed_precision" in str(err.value) and "'bf16'" in str(err.value)
+
+
+def test_unknown_field_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="train.learnig_rate"):
+        load_config(write(tmp_path, "train: {learnig_rate: 0.1}\n"))
+
+
+def test_unknown_method_lists_the_registry(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "method: {name: magic}\n"))
+    assert "magic" in str(err.value) and "tinybert" in str(err.value)
+
+
+def test_method_parameter_is_validated_by_its_own_schema():
+    with pytest.raises(ConfigError, match=r"method\.temperature"):
+        load_config(None, ["method.name=kd", "method.temperature=-1", "teacher.model=x"])
+
+
+def test_distillation_needs_a_teacher():
+    with pytest.raises(ConfigError, match="teacher.model"):
+        load_config(None, ["method.name=kd", "student.init=random"])
+
+
+def test_overrides_parse_yaml_values():
+    config = load_config(None, ["train.epochs=0.5", "eval.splits=[dev]", "student.init=pretrained",
+                                "student.pretrained=x"])
+    assert config.train.epochs == 0.5 and config.eval.splits == ["dev"]
+
+
+def test_unknown_task_is_refused():
+    with pytest.raises(ConfigError, match="unknown GLUE task"):
+        load_config(None, ["task.name=sst3"])
+
+
+def test_registry_covers_all_nine_glue_tasks_with_official_metrics():
+    assert set(GLUE_TASKS) == {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"}
+    assert glue_task("CoLA").metrics == ("matthews",)
+    assert glue_task("mrpc").metrics == ("f1", "accuracy") and glue_task("qqp").metrics == ("f1", "accuracy")
+    assert glue_task("sts-b").is_regression and glue_task("stsb").metrics == ("pearson", "spearman")
+    assert glue_task("mnli").labels == ("contradiction", "entailment", "neutral")
+    assert glue_task("mnli").dev_splits == ("dev_matched", "dev_mismatched")
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\ngood film\t1\nno label here\n")
+    with pytest.raises(DataError, match=r"train\.tsv:3: expected 2 tab-separated fields, found 1"):
+        read_tsv(glue_task("sst2"), path)
+
+
+def test_unknown_label_names_allowed_labels(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("sentence\tlabel\ngood film\tpositive\n")
+    with pytest.raises(DataError, match=r"train\.tsv:2: label 'positive' is not one of \['0', '1'\]"):
+        read_tsv(glue_task("sst2"), path)
+
+
+def test_regression_target_must_be_numeric(tmp_path):
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    path = tmp_path / "dev.tsv"
+    path.write_text(header + "\n0\tg\tf\ty\t0\tn\tn\ta\tb\thigh\n")
+    with pytest.raises(DataError, match="dev.tsv:2: regression target 'high' is not a number"):
+        read_tsv(glue_task("stsb"), path)
+
+
+def test_headerless_cola_and_real_mrpc_bom_header(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("gj04\t1\t\tThe sailors rode the breeze clear of the rocks.\ngj04\t0\t*\tThe more.\n")
+    examples = read_tsv(glue_task("cola"), path)
+    assert [e.label for e in examples] == [1, 0]
+    mrpc = tmp_path / "mrpc.tsv"
+    mrpc.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b .\tA c .\n")
+    assert read_tsv(glue_task("mrpc"), mrpc)[0].texts == ("A b .", "A c .")
+
+
+def test_custom_jsonl_and_csv(tmp_path):
+    from distilkit.data.tasks import TaskSpec
+
+    spec = TaskSpec("custom", ("text",), "label", ("neg", "pos"), ("accuracy",))
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"text": "fine", "label": "pos"}\n{"text": "meh", "label": "neg"}\n')
+    assert [e.label for e in read_table(spec, jsonl)] == [1, 0]
+    broken = tmp_path / "b.jsonl"
+    broken.write_text('{"text": "fine", "label": "pos"}\n{"text": oops}\n')
+    with pytest.raises(DataError, match=r"b\.jsonl:2: not valid JSON"):
+        read_table(spec, broken)
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("text,label\n\"a, quoted\",pos\n")
+    assert read_table(spec, csv_file)[0].texts == ("a, quoted",)
+
+
+def test_length_buckets_are_deterministic_complete_and_resumable():
+    lengths = np.random.default_rng(0).integers(3, 60, size=203)
+    sampler = LengthBucketBatchSampler(lengths, batch_size=16, seed=7, bucket_batches=4)
+    epoch = sampler.epoch_batches(1)
+    assert sorted(i for b in epoch for i in b) == list(range(203))
+    assert epoch == sampler.epoch_batches(1) and epoch != sampler.epoch_batches(2)
+    sampler.set_epoch(1, start_batch=5)
+    assert list(sampler) == epoch[5:]
+    # within a batch lengths are close: padding waste is far below an unsorted batch
+    spread = np.mean([lengths[b].max() - lengths[b].min() for b in epoch])
+    assert spread < 20

@@ -1,0 +1,105 @@
+"""Method-level behaviour: weighting conventions, stage switches, layer maps."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distilkit.config import method_params
+from distilkit.data.tasks import glue_task
+from distilkit.methods import MethodContext, Progress, get_method
+from distilkit.methods.pkd import pkd_layer_map
+from distilkit.models.features import Features
+
+
+def _ctx(task="sst2", student_layers=2, teacher_layers=4, width=8, teacher_width=8, heads=2, teacher_heads=None):
+    student = SimpleNamespace(num_layers=student_layers, width=width, num_heads=heads)
+    teacher = SimpleNamespace(num_layers=teacher_layers, width=teacher_width,
+                              config=SimpleNamespace(num_attention_heads=teacher_heads or heads))
+    return MethodContext(task=glue_task(task), student=student, teacher=teacher, total_steps=10, train_size=4)
+
+
+def _method(params: dict, **ctx):
+    return get_method(params["name"])(method_params(params), _ctx(**ctx))
+
+
+def test_kd_soft_term_is_t_squared_kl():
+    method = _method({"name": "kd", "temperature": 2.0})
+    student = Features(torch.ones(1, 1), logits=torch.tensor([[1.0, 1.0]]))
+    teacher = Features(torch.ones(1, 1), logits=torch.tensor([[0.0, 2 * math.log(3)]]))
+    terms = method.loss_terms({"labels": torch.tensor([1])}, student, teacher, Progress(0, 10))
+    kl = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # at T=2 the teacher's probabilities are [1/4, 3/4]
+    assert set(terms) == {"soft"}
+    assert terms["soft"].item() == pytest.approx(4 * kl, abs=1e-6)
+
+
+def test_kd_t_squared_keeps_gradient_scale_across_temperatures():
+    teacher = Features(torch.ones(1, 1), logits=torch.tensor([[0.5, -0.3, 0.1]]))
+    norms = []
+    for temperature in (10.0, 20.0):
+        logits = torch.tensor([[0.2, 0.4, -0.6]], requires_grad=True)
+        method = _method({"name": "kd", "temperature": temperature})
+        method.loss_terms({"labels": torch.tensor([0])}, Features(torch.ones(1, 1), logits=logits), teacher,
+                          Progress(0, 10))["soft"].backward()
+        norms.append(logits.grad.norm().item())
+    # with T^2 the gradient tends to (z_s - z_t)/N for large T: nearly equal; without it, it would fall 4x
+    assert norms[0] / norms[1] == pytest.approx(1.0, abs=0.01)
+
+
+def test_kd_regression_uses_mse_and_hard_weight_adds_label_term():
+    method = _method({"name": "kd", "hard_weight": 0.5}, task="stsb")
+    student = Features(torch.ones(2, 1), logits=torch.tensor([[1.0], [2.0]]))
+    teacher = Features(torch.ones(2, 1), logits=torch.tensor([[0.0], [2.0]]))
+    terms = method.loss_terms({"labels": torch.tensor([1.0, 0.0])}, student, teacher, Progress(0, 10))
+    assert terms["soft"].item() == pytest.approx(0.5)  # ((1-0)^2 + 0) / 2
+    assert terms["hard"].item() == pytest.approx(0.5 * (0 + 4) / 2)
+
+
+def test_tinybert_switches_from_intermediate_to_prediction_at_configured_step():
+    method = _method({"name": "tinybert", "intermediate_fraction": 0.6})
+    assert method.mapping == [2, 4]
+    assert method.teacher_request().hidden == frozenset({0, 2, 4})
+    assert method.teacher_request().attention == frozenset({2, 4}) and method.teacher_request().logits
+    mask = torch.ones(1, 3)
+    student = Features(mask, hidden={i: torch.randn(1, 3, 8) for i in range(3)},
+                       attention={i: torch.randn(1, 2, 3, 3) for i in (1, 2)}, logits=torch.randn(1, 2))
+    teacher = Features(mask, hidden={i: torch.randn(1, 3, 8) for i in (0, 2, 4)},
+                       attention={i: torch.randn(1, 2, 3, 3) for i in (2, 4)}, logits=torch.randn(1, 2))
+    assert set(method.loss_terms({}, student, teacher, Progress(5, 10))) == {"embedding", "hidden", "attention"}
+    assert set(method.loss_terms({}, student, teacher, Progress(6, 10))) == {"prediction"}
+
+
+def test_tinybert_projects_when_widths_differ_and_checks_heads():
+    method = _method({"name": "tinybert"}, width=4, teacher_width=8)
+    assert isinstance(method.projections[1], torch.nn.Linear) and method.projections[1].in_features == 4
+    with pytest.raises(ValueError, match="heads"):
+        _method({"name": "tinybert"}, heads=3, teacher_heads=2)
+    assert _method({"name": "tinybert", "attention_weight": 0}, heads=3, teacher_heads=2).mapping == [2, 4]
+
+
+def test_explicit_layer_map_is_validated():
+    assert _method({"name": "tinybert", "layer_map": [1, 3]}).mapping == [1, 3]
+    with pytest.raises(ValueError, match="layer_map"):
+        _method({"name": "tinybert", "layer_map": [1, 9]})
+
+
+def test_pkd_skip_and_last_maps_follow_the_paper():
+    assert pkd_layer_map("skip", 6, 12) == [2, 4, 6, 8, 10]
+    assert pkd_layer_map("last", 6, 12) == [7, 8, 9, 10, 11]
+    assert pkd_layer_map("skip", 3, 6) == [2, 4]
+
+
+def test_pkd_loss_weights():
+    method = _method({"name": "pkd", "alpha": 0.25, "beta": 10.0})
+    mask = torch.ones(1, 2)
+    hidden = torch.zeros(1, 2, 8)
+    hidden[0, 0, 0] = 1.0
+    other = torch.zeros(1, 2, 8)
+    other[0, 0, 1] = 1.0
+    student = Features(mask, hidden={1: hidden}, logits=torch.tensor([[0.0, 0.0]]))
+    teacher = Features(mask, hidden={2: other}, logits=torch.tensor([[0.0, 0.0]]))
+    terms = method.loss_terms({"labels": torch.tensor([0])}, student, teacher, Progress(0, 1))
+    assert terms["patient"].item() == pytest.approx(10.0 * 2.0)
+    assert terms["hard"].item() == pytest.approx(0.75 * math.log(2), abs=1e-6)
+    assert terms["soft"].item() == pytest.approx(0.25 * math.log(2), abs=1e-6)

@@ -1,0 +1,98 @@
+"""The Features view, the teacher and the student builders."""
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from distilkit.config import StudentConfig
+from distilkit.data.tasks import glue_task
+from distilkit.models.features import FeatureRequest, encoder_features, transformer_layers
+from distilkit.models.student import build_student, uniform_layer_map
+from distilkit.models.teacher import Teacher
+
+
+def _batch(model_dir, texts=("the film was good", "bad")):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return dict(tokenizer(list(texts), padding=True, return_tensors="pt"))
+
+
+def test_attention_scores_are_pre_softmax_qk(tiny_teacher):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_teacher).eval()
+    batch = _batch(tiny_teacher)
+    features = encoder_features(model, batch, FeatureRequest(hidden=frozenset({0}), attention=frozenset({1})))
+    attention = transformer_layers(model)[0].attention.self
+    hidden = features.hidden[0]
+    heads, size = attention.num_attention_heads, attention.attention_head_size
+    q = attention.query(hidden).view(2, -1, heads, size).transpose(1, 2)
+    k = attention.key(hidden).view(2, -1, heads, size).transpose(1, 2)
+    expected = q @ k.transpose(-1, -2) / size ** 0.5
+    torch.testing.assert_close(features.attention[1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_hidden_states_match_plain_forward_and_padding_is_masked(tiny_teacher):
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_teacher).eval()
+    batch = _batch(tiny_teacher)
+    with torch.no_grad():
+        plain = model(**batch, output_hidden_states=True)
+        ours = encoder_features(model, batch, FeatureRequest(hidden=frozenset({2, 4}), attention=frozenset({3}),
+                                                             logits=True))
+    torch.testing.assert_close(ours.hidden[2], plain.hidden_states[2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.logits, plain.logits, atol=1e-5, rtol=1e-5)
+    # the short row alone gives the same [CLS] as inside the padded batch: padding is masked
+    alone = encoder_features(model, _batch(tiny_teacher, ("bad",)), FeatureRequest(hidden=frozenset({4})))
+    torch.testing.assert_close(alone.hidden[4][0, 0], ours.hidden[4][1, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_teacher_runs_only_as_deep_as_asked(tiny_teacher):
+    teacher = Teacher(str(tiny_teacher), glue_task("sst2"))
+    calls = []
+    hooks = [layer.register_forward_hook(lambda *a, i=i: calls.append(i))
+             for i, layer in enumerate(transformer_layers(teacher.model))]
+    teacher.features(_batch(tiny_teacher), FeatureRequest(hidden=frozenset({2})))
+    assert calls == [0, 1]
+    calls.clear()
+    teacher.features(_batch(tiny_teacher), FeatureRequest(logits=True))
+    assert calls == [0, 1, 2, 3]
+    for hook in hooks:
+        hook.remove()
+    assert teacher.forward_passes == 2
+    assert len(transformer_layers(teacher.model)) == 4  # the shallow run restored the full encoder
+
+
+def test_teacher_without_head_refuses_logits(tiny_base_model):
+    teacher = Teacher(str(tiny_base_model))
+    with pytest.raises(ValueError, match="no classification head"):
+        teacher.features(_batch(tiny_base_model), FeatureRequest(logits=True))
+
+
+def test_uniform_layer_map_is_tinybert_every_kth():
+    assert uniform_layer_map(4, 12) == [3, 6, 9, 12]
+    assert uniform_layer_map(3, 6) == [2, 4, 6]
+    with pytest.raises(ValueError):
+        uniform_layer_map(5, 4)
+
+
+def test_student_from_teacher_layers_copies_weights(tiny_teacher):
+    teacher = Teacher(str(tiny_teacher), glue_task("sst2"))
+    student = build_student(StudentConfig(layers=2, init="teacher_layers", teacher_layers=[2, 4]), teacher.model,
+                            glue_task("sst2"))
+    s_layers, t_layers = transformer_layers(student.model), transformer_layers(teacher.model)
+    for s, t in ((0, 1), (1, 3)):
+        for (name, a), (_, b) in zip(s_layers[s].state_dict().items(), t_layers[t].state_dict().items()):
+            assert torch.equal(a, b), name
+    assert torch.equal(student.model.classifier.weight, teacher.model.classifier.weight)
+    first = build_student(StudentConfig(layers=2, init="teacher_layers", layer_selection="first"), teacher.model,
+                          glue_task("sst2"))
+    assert torch.equal(transformer_layers(first.model)[1].output.dense.weight, t_layers[1].output.dense.weight)
+
+
+def test_student_shapes_and_clear_errors(tiny_teacher):
+    teacher = Teacher(str(tiny_teacher), glue_task("sst2"))
+    narrow = build_student(StudentConfig(layers=2, hidden=16, heads=4, ffn=32, init="random"), teacher.model,
+                           glue_task("stsb"))
+    assert (narrow.width, narrow.num_layers, narrow.model.config.num_labels) == (16, 2, 1)
+    with pytest.raises(ValueError, match="must equal the teacher"):
+        build_student(StudentConfig(layers=2, hidden=16, heads=4, init="teacher_layers"), teacher.model,
+                      glue_task("sst2"))
+    with pytest.raises(ValueError, match="not divisible"):
+        build_student(StudentConfig(layers=2, hidden=18, heads=4, init="random"), teacher.model, glue_task("sst2"))

@@ -1,0 +1,200 @@
+"""End to end on tiny models: the CLI, the teacher cache, exact resume, and the output-folder rules."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distilkit.config import build_config
+from distilkit.run import RunError, run_experiment
+from distilkit.train import distiller as distiller_module
+
+PYTHON = sys.executable
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "distilkit", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def kd_config(glue_dir, teacher, out, **train) -> dict:
+    return {
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32},
+        "teacher": {"model": str(teacher)},
+        "student": {"layers": 2, "init": "teacher_layers"},
+        "method": {"name": "kd", "temperature": 2.0, "hard_weight": 0.5},
+        "train": {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3, "mixed_precision": "no",
+                  "log_every": 2, **train},
+        "output": {"dir": str(out)},
+    }
+
+
+def test_cli_finetune_distill_evaluate_export_reload(tmp_path, glue_dir, tiny_base_model):
+    env = {"DISTILKIT_DATA": str(glue_dir)}
+    teacher = tmp_path / "teacher"
+    result = cli("finetune", "--set", "task.name=sst2", "--set", "student.init=pretrained",
+                 "--set", f"student.pretrained={tiny_base_model}", "--set", "train.epochs=4",
+                 "--set", "train.learning_rate=3e-3", "--set", "train.batch_size=16",
+                 "--set", f"output.dir={teacher}", env=env)
+    assert result.returncode == 0, result.stderr
+    teacher_metrics = json.loads(result.stdout)
+    assert teacher_metrics["final"]["dev"]["accuracy"] > 0.8  # the tiny task is learnable
+
+    config = tmp_path / "kd.yaml"
+    config.write_text(f"""
+task: {{name: sst2}}
+teacher: {{model: {teacher / 'best'}}}
+student: {{layers: 2, init: teacher_layers}}
+method: {{name: kd, temperature: 2.0}}
+train: {{epochs: 2, batch_size: 16, learning_rate: 1.0e-3}}
+output: {{dir: {tmp_path / 'student'}}}
+""")
+    result = cli("distill", str(config), env=env)
+    assert result.returncode == 0, result.stderr
+    student_metrics = json.loads(result.stdout)
+    assert student_metrics["teacher_forward_passes"] > 0
+    assert student_metrics["params"]["total"] < teacher_metrics["params"]["total"]
+    for name in ("config.yaml", "env.json", "metrics.json", "log.jsonl"):
+        assert (tmp_path / "student" / name).is_file(), name
+    logged = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
+    assert any("loss/soft" in record for record in logged)
+
+    result = cli("evaluate", str(tmp_path / "student" / "final"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["metrics"]["dev"]["accuracy"] == student_metrics["final"]["dev"]["accuracy"]
+
+    exported = tmp_path / "exported"
+    result = cli("export", str(tmp_path / "student" / "final"), str(exported), "--onnx")
+    assert result.returncode == 0, result.stderr
+    sentences = ["the film was good", "a dull boring plot", "really charming acting and music"]
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import Example
+    from distilkit.evaluate.evaluator import predict_logits
+    from distilkit.export import OnnxStudent, onnx_parity
+    from distilkit.models.student import load_student, load_tokenizer
+
+    dataset = TokenizedDataset([Example((s,), None) for s in sentences], load_tokenizer(str(exported)), 32)
+    ours = predict_logits(load_student(exported), dataset)
+    plain = subprocess.run([PYTHON, "-c", f"""
+import json, sys, torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+model = AutoModelForSequenceClassification.from_pretrained({str(exported)!r}).eval()
+tok = AutoTokenizer.from_pretrained({str(exported)!r})
+with torch.no_grad():
+    logits = [model(**tok(s, return_tensors="pt")).logits[0].tolist() for s in {sentences!r}]
+labels = [r["label"] for r in pipeline("text-classification", model=model, tokenizer=tok)({sentences!r})]
+assert "distilkit" not in sys.modules
+print(json.dumps({{"logits": logits, "labels": labels}}))
+"""], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    reloaded = json.loads(plain.stdout)
+    torch.testing.assert_close(torch.tensor(reloaded["logits"]), torch.from_numpy(ours), atol=1e-5, rtol=1e-5)
+    assert set(reloaded["labels"]) <= {"0", "1"}
+    onnx_logits = predict_logits(OnnxStudent(exported / "model.onnx"), dataset)
+    torch.testing.assert_close(torch.from_numpy(onnx_logits), torch.from_numpy(ours), atol=1e-4, rtol=1e-4)
+
+    result = cli("predict", str(exported), "the film was good", "--onnx")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["label"] in ("0", "1")
+
+
+def test_cli_reports_bad_config_without_traceback(tmp_path):
+    result = cli("distill", "--set", "train.mixed_precision=fp8")
+    assert result.returncode == 2
+    assert "train.mixed_precision" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_second_run_is_served_from_the_teacher_cache(tmp_path, glue_dir, tiny_teacher):
+    first = run_experiment(build_config(kd_config(glue_dir, tiny_teacher, tmp_path / "a")))
+    second = run_experiment(build_config(kd_config(glue_dir, tiny_teacher, tmp_path / "b")))
+    assert first["teacher_forward_passes"] > 0
+    assert second["teacher_forward_passes"] == 0
+    weights_a = load_file(tmp_path / "a" / "final" / "model.safetensors")
+    weights_b = load_file(tmp_path / "b" / "final" / "model.safetensors")
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    # a change of tokenisation changes the dataset fingerprint: the teacher runs again
+    changed = kd_config(glue_dir, tiny_teacher, tmp_path / "c")
+    changed["data"]["max_length"] = 8
+    assert run_experiment(build_config(changed))["teacher_forward_passes"] > 0
+
+
+def test_cached_features_equal_live_features(tmp_path, glue_dir, tiny_teacher):
+    from distilkit.run import build_run
+
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "x")
+    config["method"] = {"name": "tinybert"}
+    config["student"] = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random"}
+    run = build_run(build_config(config))
+    request = run.teacher_source.request
+    run.teacher_cache.ensure(request)
+    batch = run.train_data.collate([run.train_data[i] for i in (5, 0, 17)])
+    cached = run.teacher_cache.lookup(batch, request)
+    live = run.teacher.features(batch, request)
+    for layer in request.hidden:
+        torch.testing.assert_close(cached.hidden[layer], live.hidden[layer] * batch["attention_mask"][..., None],
+                                   atol=2e-2, rtol=2e-3)
+    pair = (batch["attention_mask"][:, None, :, None] * batch["attention_mask"][:, None, None, :]).float()
+    for layer in request.attention:
+        torch.testing.assert_close(cached.attention[layer], live.attention[layer] * pair, atol=2e-2, rtol=2e-3)
+    torch.testing.assert_close(cached.logits, live.logits, atol=1e-5, rtol=1e-5)
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    settings = {"checkpoint_every": 3, "epochs": 2}
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "whole", **settings)
+    config["method"] = {"name": "tinybert", "intermediate_fraction": 0.5}
+    config["student"] = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random"}
+    uninterrupted = run_experiment(build_config(config))
+    assert uninterrupted["steps"] == 64  # 256 examples / batch 8 × 2 epochs; the crash below is in epoch 1
+
+    config["output"]["dir"] = str(tmp_path / "crashed")
+    real_save = distiller_module.save_checkpoint
+
+    def save_then_die(directory, *args, **kwargs):
+        path = real_save(directory, *args, **kwargs)
+        if args[3]["step"] == 9:  # mid-epoch 1 of 2, inside the intermediate stage's end region
+            raise Crash
+        return path
+
+    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
+    with pytest.raises(Crash):
+        run_experiment(build_config(config))
+    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+    # a half-written checkpoint from a crash in the middle of saving is ignored
+    (tmp_path / "crashed" / "checkpoints" / ".step-00000012.999.tmp").mkdir()
+    resumed = run_experiment(build_config(config))
+    assert resumed["steps"] == 64
+    whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    again = load_file(tmp_path / "crashed" / "final" / "model.safetensors")
+    assert all(torch.equal(whole[k], again[k]) for k in whole), "resumed weights differ from the uninterrupted run"
+
+
+def test_finished_runs_are_never_overwritten_silently(tmp_path, glue_dir, tiny_teacher):
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "run", epochs=1)
+    run_experiment(build_config(config))
+    before = (tmp_path / "run" / "metrics.json").read_text()
+    with pytest.raises(RunError, match="finished run"):
+        run_experiment(build_config(config))
+    assert (tmp_path / "run" / "metrics.json").read_text() == before
+    config["output"]["overwrite"] = True
+    run_experiment(build_config(config))
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(kept) == 1 and (kept[0] / "metrics.json").read_text() == before
+
+
+def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_teacher):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("something: else\n")
+    with pytest.raises(RunError, match="different config"):
+        run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))
+    assert (out / "config.yaml").read_text() == "something: else\n"
