@@ -170,7 +170,16 @@ def demo(data: Annotated[str | None, typer.Option(help="data folder holding glue
         _fail(err)
 
 
+def _quiet_libraries() -> None:
+    """Our own progress bar and messages are enough; hide transformers' per-load bars and reports."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def main() -> None:
+    _quiet_libraries()
     try:
         app()
     except KeyboardInterrupt:

@@ -81,3 +81,23 @@ def pytorch_forward(model, bf16: bool = False) -> Callable[[dict], object]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return model.features(batch, FeatureRequest(logits=True)).logits
     return forward
+
+
+def side_by_side(models: dict[str, object], dataset: TokenizedDataset, reference: str, sentences: int = 100,
+                 bf16: bool = False) -> dict[str, dict]:
+    """Latency (batch 1; 1 thread and all threads) and throughput (batch 32) of several models in
+    this process, interleaved model by model, with speedups over `reference`."""
+    results: dict[str, dict] = {}
+    for name, model in models.items():
+        forward = pytorch_forward(model, bf16)
+        results[name] = {"latency_1_thread": latency_ms(forward, dataset, sentences, threads=1),
+                         "latency_all_threads": latency_ms(forward, dataset, sentences),
+                         "throughput_batch_32": throughput(forward, dataset)}
+    base = results[reference]
+    for record in results.values():
+        record["speedup"] = {
+            "latency_1_thread": base["latency_1_thread"]["p50_ms"] / record["latency_1_thread"]["p50_ms"],
+            "latency_all_threads": base["latency_all_threads"]["p50_ms"] / record["latency_all_threads"]["p50_ms"],
+            "throughput_batch_32": record["throughput_batch_32"]["sentences_per_second"]
+            / base["throughput_batch_32"]["sentences_per_second"]}
+    return results

@@ -9,6 +9,7 @@ per-term logging to JSONL and TensorBoard, and checkpoints that resume exactly.
 from __future__ import annotations
 
 import json
+import sys
 import math
 import resource
 import time
@@ -137,7 +138,7 @@ class Distiller:
         eval_every = self.cfg.eval.every_steps
         checkpoint_every = cfg.checkpoint_every
         progress_bar = tqdm(total=n_total, initial=state["step"], desc="train", disable=not acc.is_main_process,
-                            dynamic_ncols=True)
+                            dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30)
         running: dict[str, float] = {}
         running_count = 0
         clock = Stopwatch(state["train_seconds"])  # training time only: evaluation and checkpoints excluded
