@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | predict | demo`."""
+"""`distilkit finetune | distill | evaluate | export | predict | submit | bench | demo`."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _user_errors():
     from distilkit.models.hub import ModelNotFound
     from distilkit.run import RunError
 
-    return ConfigError, DataError, ModelNotFound, RunError, FileExistsError, ValueError, TypeError
+    return ConfigError, DataError, ModelNotFound, RunError, FileExistsError, FileNotFoundError, ValueError, \
+        TypeError
 
 
 def _fail(err: Exception) -> None:
@@ -116,6 +117,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             texts: Annotated[list[str] | None, typer.Argument(help="text(s); a pair as 'first ||| second'")] = None,
             file: Annotated[Path | None, typer.Option(help="one input per line")] = None,
             use_onnx: Annotated[bool, typer.Option("--onnx", help="run model.onnx with ONNX Runtime")] = False,
+            int8: Annotated[bool, typer.Option("--int8", help="run model.int8.onnx with ONNX Runtime")] = False,
             max_length: int = 128) -> None:
     """Predict labels for raw text with a saved student; one JSON line per input."""
     import torch
@@ -123,7 +125,8 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     from distilkit.data.dataset import TokenizedDataset
     from distilkit.data.readers import Example
     from distilkit.evaluate.evaluator import predict_logits
-    from distilkit.models.student import load_student, load_tokenizer, read_metadata
+    from distilkit.export import inference_model
+    from distilkit.models.student import load_tokenizer, read_metadata
 
     try:
         lines = list(texts or [])
@@ -133,12 +136,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             raise ValueError("give text arguments or --file")
         meta = read_metadata(model)
         tokenizer = load_tokenizer(str(model))
-        if use_onnx:
-            from distilkit.export import ONNX_FILE, OnnxStudent
-
-            student = OnnxStudent(model / ONNX_FILE)
-        else:
-            student = load_student(model)
+        student = inference_model(model, onnx=use_onnx, int8=int8)
         examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
         if len({len(e.texts) for e in examples}) != 1:
             raise ValueError("mix of single texts and pairs: give all inputs in the same form")
@@ -154,6 +152,58 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             probs = torch.softmax(torch.from_numpy(row), -1)
             best = int(probs.argmax())
             print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+@app.command()
+def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (or an exported one with --onnx/--int8)")],
+           task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
+           out: Annotated[Path, typer.Option(help="folder for the {TASK}.tsv files")] = Path("submission"),
+           data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
+           use_onnx: Annotated[bool, typer.Option("--onnx", help="predict with model.onnx")] = False,
+           int8: Annotated[bool, typer.Option("--int8", help="predict with model.int8.onnx")] = False,
+           max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
+           ) -> None:
+    """GLUE test-set predictions in the leaderboard's format (index<TAB>prediction)."""
+    from distilkit.config import build_config
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.evaluate.submission import glue_test_splits, write_submission
+    from distilkit.export import inference_model
+    from distilkit.models.student import load_tokenizer, read_metadata
+    from distilkit.run import read_split, task_spec
+
+    try:
+        meta = read_metadata(model)
+        task = task or meta.get("task")
+        if not task:
+            raise ValueError(f"{model} does not record its task: pass --task")
+        length = max_length or meta.get("max_length", 128)
+        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": length},
+                               "student": {"init": "pretrained", "pretrained": str(model)}})
+        spec = task_spec(config)
+        if spec.name == "custom":
+            raise ValueError("submission files are for GLUE tasks")
+        tokenizer = load_tokenizer(str(model))
+        datasets = {split: TokenizedDataset(read_split(config, spec, split), tokenizer, length, spec.is_regression)
+                    for split in glue_test_splits(spec)}
+        written = write_submission(inference_model(model, onnx=use_onnx, int8=int8), spec, datasets, out)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"task": spec.name, "written": [str(p) for p in written]}, indent=2))
+
+
+@app.command()
+def bench(suite: Annotated[Path, typer.Argument(help="suite YAML (see benchmarks/suites/)")],
+          cell: Annotated[list[str] | None, typer.Option(help="run only these cells (task-method-student)")] = None
+          ) -> None:
+    """Run a benchmark suite (tasks × methods × students): one JSON record per run, report and plots.
+    Finished cells and finished speed measurements are skipped on a rerun."""
+    from distilkit.bench import run_bench
+
+    try:
+        records = run_bench(suite, cell)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"records": len(records)}))
 
 
 @app.command()

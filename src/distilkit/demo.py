@@ -64,7 +64,7 @@ def _run_or_reuse(config: dict, console: Console) -> dict:
 
 def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
     from distilkit.data.dataset import TokenizedDataset
-    from distilkit.evaluate.speed import side_by_side
+    from distilkit.evaluate.speed import pytorch_runner, side_by_side
     from distilkit.models.student import load_student, load_tokenizer
     from distilkit.run import read_split, task_spec
 
@@ -87,7 +87,8 @@ def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
     tokenizer = load_tokenizer(str(paths["teacher"]))
     dev = TokenizedDataset(read_split(config, spec, "dev"), tokenizer, 128, spec.is_regression)
     models = {name: load_student(path).eval() for name, path in paths.items()}
-    speed = side_by_side(models, dev, reference="teacher")
+    speed = side_by_side({name: pytorch_runner(model) for name, model in models.items()}, dev,
+                         reference="teacher")
 
     teacher_score = metrics["teacher"]["best"]["score"]
     table = Table(title=f"SST-2 dev ({budget} budget: "

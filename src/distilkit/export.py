@@ -126,6 +126,17 @@ class OnnxStudent:
     training = False
 
 
+def inference_model(model_dir: Path, onnx: bool = False, int8: bool = False):
+    """A saved student ready to predict: PyTorch, or its exported ONNX fp32 / int8 file in ONNX Runtime."""
+    if not (onnx or int8):
+        return load_student(model_dir)
+    path = Path(model_dir) / (INT8_FILE if int8 else ONNX_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run `distilkit export {model_dir} NEW_FOLDER "
+                                f"{'--int8' if int8 else '--onnx'}` and use NEW_FOLDER")
+    return OnnxStudent(path)
+
+
 def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False) -> dict[str, str]:
     destination = copy_pretrained(model_dir, destination)
     written = {"pretrained": str(destination)}

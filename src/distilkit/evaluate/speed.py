@@ -8,6 +8,7 @@ the same process, one after the other: this machine's timings drift from run to 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -73,31 +74,49 @@ def transformer_flops(config, sequence_length: float) -> float:
     return float(layers * per_layer)
 
 
-def pytorch_forward(model, bf16: bool = False) -> Callable[[dict], object]:
+def all_threads() -> int:
+    """Every core of this machine (OMP_NUM_THREADS=1 would otherwise make "all threads" mean one)."""
+    return os.cpu_count() or 1
+
+
+# A model ready to time: threads -> forward(batch). ONNX Runtime fixes its thread count when the
+# session is created, so a model is asked for its forward at a given thread count.
+Runner = Callable[[int], Callable[[dict], object]]
+
+
+def pytorch_runner(model, bf16: bool = False) -> Runner:
     """A student's (or teacher's) plain logits forward, optionally under bf16 autocast."""
     from distilkit.models.features import FeatureRequest
 
     def forward(batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return model.features(batch, FeatureRequest(logits=True)).logits
-    return forward
+    return lambda threads: forward
 
 
-def side_by_side(models: dict[str, object], dataset: TokenizedDataset, reference: str, sentences: int = 100,
-                 bf16: bool = False) -> dict[str, dict]:
-    """Latency (batch 1; 1 thread and all threads) and throughput (batch 32) of several models in
-    this process, interleaved model by model, with speedups over `reference`."""
-    results: dict[str, dict] = {}
-    for name, model in models.items():
-        forward = pytorch_forward(model, bf16)
-        results[name] = {"latency_1_thread": latency_ms(forward, dataset, sentences, threads=1),
-                         "latency_all_threads": latency_ms(forward, dataset, sentences),
-                         "throughput_batch_32": throughput(forward, dataset)}
-    base = results[reference]
-    for record in results.values():
-        record["speedup"] = {
-            "latency_1_thread": base["latency_1_thread"]["p50_ms"] / record["latency_1_thread"]["p50_ms"],
-            "latency_all_threads": base["latency_all_threads"]["p50_ms"] / record["latency_all_threads"]["p50_ms"],
+def measure(runner: Runner, dataset: TokenizedDataset, sentences: int = 100, warmup: int = 10,
+            throughput_sentences: int = 512, batch_size: int = 32) -> dict:
+    """Batch-1 latency with 1 thread and with all threads, and throughput at `batch_size` with all threads."""
+    every = all_threads()
+    return {"latency_1_thread": latency_ms(runner(1), dataset, sentences, warmup, threads=1),
+            "latency_all_threads": latency_ms(runner(every), dataset, sentences, warmup, threads=every),
+            "throughput_batch_32": throughput(runner(every), dataset, batch_size, throughput_sentences,
+                                              threads=every)}
+
+
+def speedup(record: dict, reference: dict) -> dict[str, float]:
+    """How many times faster `record` is than `reference` (both from `measure`, same process)."""
+    return {"latency_1_thread": reference["latency_1_thread"]["p50_ms"] / record["latency_1_thread"]["p50_ms"],
+            "latency_all_threads": reference["latency_all_threads"]["p50_ms"]
+            / record["latency_all_threads"]["p50_ms"],
             "throughput_batch_32": record["throughput_batch_32"]["sentences_per_second"]
-            / base["throughput_batch_32"]["sentences_per_second"]}
+            / reference["throughput_batch_32"]["sentences_per_second"]}
+
+
+def side_by_side(runners: dict[str, Runner], dataset: TokenizedDataset, reference: str, sentences: int = 100,
+                 **settings) -> dict[str, dict]:
+    """`measure` for several models in this process, model after model, with speedups over `reference`."""
+    results = {name: measure(runner, dataset, sentences, **settings) for name, runner in runners.items()}
+    for record in results.values():
+        record["speedup"] = speedup(record, results[reference])
     return results

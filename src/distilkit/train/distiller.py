@@ -75,6 +75,14 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def peak_rss_mb() -> float:
+    """This process's own peak resident memory. /proc's VmHWM, because getrusage's ru_maxrss in a
+    child started by fork/vfork + exec starts from the parent's peak (a bench runner's, say)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -1,0 +1,90 @@
+"""What BENCHMARK.md asks of every student beyond its training: size, FLOPs, and speed and dev score
+in four deployment formats, each measured beside the teacher in the same process.
+
+Formats: PyTorch fp32, PyTorch bf16 (autocast), ONNX Runtime fp32 and ONNX Runtime dynamic int8.
+ONNX files are exported once (checked against PyTorch within 1e-4) and reused on a rerun.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distilkit.data.dataset import TokenizedDataset
+from distilkit.data.tasks import TaskSpec
+from distilkit.evaluate.evaluator import predict_logits
+from distilkit.evaluate.metrics import compute_metrics
+from distilkit.evaluate.speed import Runner, all_threads, measure, pytorch_runner, speedup, transformer_flops
+from distilkit.export import INT8_FILE, ONNX_FILE, OnnxStudent, export_onnx, quantize_int8
+from distilkit.models.student import TransformerStudent, load_student
+
+FORMATS = ("pytorch_fp32", "pytorch_bf16", "onnx_fp32", "onnx_int8")
+
+
+class Deployment:
+    """One saved model (student or teacher folder) in each format; ONNX files are written to `onnx_dir`."""
+
+    def __init__(self, model_dir: Path, onnx_dir: Path):
+        self.model_dir, self.onnx_dir = Path(model_dir), Path(onnx_dir)
+        self._model = None
+        self._sessions: dict[tuple[str, int], OnnxStudent] = {}
+
+    def model(self):
+        if self._model is None:
+            self._model = load_student(self.model_dir).eval()
+        return self._model
+
+    def onnx_path(self, fmt: str) -> Path:
+        fp32 = self.onnx_dir / ONNX_FILE
+        if not fp32.is_file():
+            self.onnx_dir.mkdir(parents=True, exist_ok=True)
+            export_onnx(self.model_dir, fp32)
+        if fmt == "onnx_fp32":
+            return fp32
+        int8 = self.onnx_dir / INT8_FILE
+        if not int8.is_file():
+            quantize_int8(fp32, int8)
+        return int8
+
+    def session(self, fmt: str, threads: int) -> OnnxStudent:
+        if (fmt, threads) not in self._sessions:
+            self._sessions[fmt, threads] = OnnxStudent(self.onnx_path(fmt), threads)
+        return self._sessions[fmt, threads]
+
+    def runner(self, fmt: str) -> Runner:
+        if fmt.startswith("pytorch"):
+            return pytorch_runner(self.model(), bf16=fmt == "pytorch_bf16")
+        return lambda threads: (lambda batch, session=self.session(fmt, threads): session.features(batch).logits)
+
+    def dev_scores(self, fmt: str, dev: TokenizedDataset, task: TaskSpec) -> dict[str, float]:
+        if fmt.startswith("pytorch"):
+            logits = predict_logits(self.model(), dev, mixed_precision="bf16" if fmt == "pytorch_bf16" else "no")
+        else:
+            logits = predict_logits(self.session(fmt, all_threads()), dev)
+        return compute_metrics(task, logits, dev.labels)
+
+
+def size_record(model_dir: Path, mean_length: float) -> dict:
+    """Shape, parameters (total / without embeddings) and FLOPs per sequence of `mean_length` tokens."""
+    from distilkit.run import count_parameters
+
+    model = load_student(model_dir)
+    record = {"params": count_parameters(model), "flops_per_sequence": None, "shape": {"kind": model.kind}}
+    if isinstance(model, TransformerStudent):
+        config = model.model.config
+        record["flops_per_sequence"] = transformer_flops(config, mean_length)
+        record["shape"] |= {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
+                            "heads": config.num_attention_heads, "ffn": config.intermediate_size}
+    return record
+
+
+def format_record(fmt: str, student: Deployment, teacher: Deployment, dev: TokenizedDataset, task: TaskSpec,
+                  **settings) -> dict:
+    """Teacher then student in one format (same process), the student's speedup, and its dev score in it."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if fmt.startswith("onnx") and not isinstance(student.model(), TransformerStudent):
+        return {"skipped": f"ONNX export supports Transformer students, not {student.model().kind}"}
+    teacher_speed = measure(teacher.runner(fmt), dev, **settings)
+    student_speed = measure(student.runner(fmt), dev, **settings)
+    return {"teacher": teacher_speed, "student": student_speed, "speedup": speedup(student_speed, teacher_speed),
+            "student_dev": student.dev_scores(fmt, dev, task)}

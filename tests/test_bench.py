@@ -1,0 +1,225 @@
+"""Benchmarks on tiny models: ONNX parity and int8, the report from fixture records, the suite runner
+(records, skipping finished cells and formats), and GLUE submission files."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from distilkit.bench import Bench, load_suite
+from distilkit.data.tasks import glue_task
+from distilkit.evaluate import profile
+from distilkit.evaluate.report import render_report
+from distilkit.evaluate.submission import submission_name, submission_rows
+from distilkit.export import OnnxStudent, export_onnx, onnx_parity, quantize_int8
+from distilkit.models.student import load_student, write_metadata
+from transformers import AutoTokenizer
+
+
+# ONNX ------------------------------------------------------------------------------------------
+
+def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, tiny_teacher):
+    path = export_onnx(tiny_teacher, tmp_path / "model.onnx")
+    model = load_student(tiny_teacher).model
+    tokenizer = AutoTokenizer.from_pretrained(tiny_teacher)
+    assert onnx_parity(model, path, tokenizer) < 1e-4
+    # the check can fail: the same ONNX file against a changed PyTorch model
+    with torch.no_grad():
+        model.classifier.bias += 0.01
+    assert onnx_parity(model, path, tokenizer) > 5e-3
+
+    int8 = quantize_int8(path, tmp_path / "model.int8.onnx")
+    batch = {k: v for k, v in tokenizer(["the film was good", "a dull plot , really"], padding=True,
+                                        return_tensors="pt").items()}
+    fp32_logits = OnnxStudent(path).features(batch).logits
+    int8_logits = OnnxStudent(int8, threads=1).features(batch).logits
+    assert int8.stat().st_size < path.stat().st_size
+    assert (int8_logits - fp32_logits).abs().max() < 0.1
+
+
+# report ----------------------------------------------------------------------------------------
+
+def _speed(p50, p95, per_second):
+    latency = {"p50_ms": p50, "p95_ms": p95, "sentences": 100, "warmup": 10}
+    return {"latency_1_thread": {**latency, "threads": 1}, "latency_all_threads": {**latency, "threads": 2},
+            "throughput_batch_32": {"sentences_per_second": per_second, "sentences": 512, "batch_size": 32,
+                                    "threads": 2}}
+
+
+def fixture_record(method, student, score, int8_score, speedup):
+    teacher = {"name": "T6", "path": "t", "split": "dev", "metric": "accuracy", "dev_score": 0.9,
+               "dev": {"accuracy": 0.9}, "params": {"total": 22_700_000, "without_embeddings": 10_800_000},
+               "flops_per_sequence": 2.0e9, "shape": {"layers": 6}}
+    formats = {"pytorch_fp32": {"teacher": _speed(10.0, 12.0, 100.0), "student": _speed(5.0, 6.0, 200.0),
+                                "speedup": {"latency_1_thread": 2.0, "latency_all_threads": 2.0,
+                                            "throughput_batch_32": 2.0}, "student_dev": {"accuracy": score}},
+               "onnx_int8": {"teacher": _speed(4.0, 5.0, 300.0), "student": _speed(1.0, 1.5, 300.0 * speedup),
+                             "speedup": {"latency_1_thread": 4.0, "latency_all_threads": 3.0,
+                                         "throughput_batch_32": speedup}, "student_dev": {"accuracy": int8_score}}}
+    return {"cell": f"sst2-{method}-{student}", "suite": "fixture", "task": "sst2", "method": method,
+            "method_name": method, "student": student, "bench_command": "distilkit bench fixture.yaml",
+            "command": f"distilkit distill configs/sst2-{method}-{student}.yaml", "teacher": teacher,
+            "student_shape": {"layers": 3}, "params": {"total": 17_400_000, "without_embeddings": 5_300_000},
+            "flops_per_sequence": 1.0e9, "mean_dev_length": 25.0, "flop_ratio": 2.0,
+            "dev": {"split": "dev", "metric": "accuracy", "score": score, "percent_of_teacher": 100 * score / 0.9,
+                    "best_step": 10, "final": {"dev": {"accuracy": score}}},
+            "seeds": {"train": 42, "data_subset": 0}, "train_examples_in_set": 8000, "epochs": 3.0, "steps": 750,
+            "train_examples": 24000, "distill_wall_seconds": 600.4, "train_seconds": 590.0,
+            "examples_per_second": 40.7, "teacher_forward_passes": 250, "peak_rss_mb": 1500.2,
+            "loss_curve": [{"step": 10, "loss": 2.0, "loss/soft": 1.5, "loss/hard": 0.5},
+                           {"step": 20, "loss": 1.0, "loss/soft": 0.7, "loss/hard": 0.3}],
+            "speed": {"settings": {"sentences": 100, "warmup": 10, "throughput_sentences": 512, "batch_size": 32,
+                                   "threads": {"one": 1, "all": 2}, "inputs": "dev"}, "formats": formats},
+            "environment": {"cpu": "Test CPU", "cores": 2, "torch": "2.x", "transformers": "5.x"},
+            "config": {"train": {"mixed_precision": "bf16"}}}
+
+
+def test_report_from_fixture_records(tmp_path):
+    records = [fixture_record("kd", "S3-384", 0.85, 0.845, 6.0), fixture_record("finetune", "S3-384", 0.81, 0.81, 5.0)]
+    report = render_report(records, tmp_path, title="Fixture").read_text()
+    # score, % of teacher (0.85 / 0.9), int8 score with its change in points, params, GFLOPs, ratio, run facts
+    assert ("| kd | S3-384 | 0.8500 | 94.4% | 0.8450 (-0.50) | 17.4M / 5.3M | 1.00 | 2.00× | 3 (750) | 600 | 41 "
+            "| 250 | 1500 |") in report
+    assert "| finetune | S3-384 | 0.8100 | 90.0% | 0.8100 (+0.00) |" in report
+    # speed rows: p50/p95, speedups, and speedup ÷ FLOP ratio (4.0 / 2.0 for int8 at 1 thread)
+    # and int8 throughput over the student's own PyTorch fp32 throughput (1800 / 200)
+    assert ("| kd | S3-384 | ONNX int8 | 0.8450 | 1.00 / 1.50 | 4.00× | 1.00 / 1.50 | 3.00× | 1800 | 6.00× | 9.00× "
+            "| 2.00 |") in report
+    assert "Teacher: T6 — dev accuracy 0.9000, 22.7M params (10.8M without embeddings), 2.00 GFLOPs/seq" in report
+    assert "distilkit bench fixture.yaml" in report and "Test CPU" in report
+    for name in ("score_vs_speedup.png", "percent_of_teacher.png", "loss_sst2.png"):
+        assert f"]({name})" in report
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# bench -----------------------------------------------------------------------------------------
+
+def tiny_suite(tmp_path, glue_dir, teacher):
+    suite = {
+        "name": "tiny", "output": str(tmp_path / "work"), "results": str(tmp_path / "results"),
+        "defaults": {"data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 64},
+                     "train": {"epochs": 1, "batch_size": 16, "learning_rate": 1e-3, "mixed_precision": "no",
+                               "log_every": 1}},
+        "teacher": {"name": "tiny teacher", "paths": {"sst2": str(teacher)}},
+        "tasks": {"sst2": {}},
+        "methods": {"kd": {"temperature": 2.0}},
+        "students": {"L2": {"layers": 2, "init": "teacher_layers"}},
+        "overrides": [{"method": "kd", "set": {"train": {"learning_rate": 2e-3}}}],
+        "speed": {"formats": ["pytorch_fp32", "onnx_int8"], "sentences": 4, "warmup": 1, "throughput_sentences": 16},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def test_suite_matrix_with_overrides_and_teacher_stage(tmp_path, glue_dir, tiny_teacher):
+    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(suite_path.read_text())
+    data["methods"]["finetune"] = {}
+    data["methods"]["kd-t5"] = {"name": "kd", "temperature": 5.0}
+    data["students"]["L1"] = {"layers": 1, "init": "random"}
+    data["tasks"]["stsb"] = {"data": {"max_train_examples": 32}}
+    data["teacher"]["config"] = {"train": {"epochs": 2}}
+    suite_path.write_text(yaml.safe_dump(data))
+    bench = Bench(load_suite(suite_path), suite_path)
+    cells = bench.cells()
+    assert len(cells) == 2 * 3 * 2 and "stsb-kd-t5-L1" in cells
+    assert cells["sst2-kd-L2"].config.train.learning_rate == 2e-3  # the per-cell override (method kd)
+    assert cells["sst2-kd-t5-L2"].config.train.learning_rate == 1e-3  # another label: not matched
+    assert cells["sst2-kd-t5-L2"].config.method.temperature == 5.0
+    assert cells["stsb-finetune-L1"].config.data.max_train_examples == 32
+    assert cells["sst2-kd-L2"].config.teacher.model == str(tiny_teacher)  # a given teacher folder
+    assert cells["stsb-kd-L2"].config.teacher.model == str(tmp_path / "work" / "teachers" / "stsb" / "best")
+    teacher = bench.teacher_config("stsb")  # the suite fine-tunes this one, with the same data cap
+    assert teacher.method.name == "finetune" and teacher.student.pretrained == "minilm-l6"
+    assert teacher.train.epochs == 2 and teacher.data.max_train_examples == 32
+    assert teacher.output.dir == str(tmp_path / "work" / "teachers" / "stsb")
+
+
+def test_bench_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
+    records = Bench(load_suite(suite_path), suite_path).run()
+    assert len(records) == 1
+    kd = json.loads((tmp_path / "results" / "records" / "sst2-kd-L2.json").read_text())
+    assert kd["teacher"]["name"] == "tiny teacher" and kd["teacher"]["dev_score"] == kd["teacher"]["dev"]["accuracy"]
+    assert kd["student_shape"]["layers"] == 2 and kd["params"]["total"] < kd["teacher"]["params"]["total"]
+    assert kd["params"]["without_embeddings"] < kd["params"]["total"]
+    assert kd["flop_ratio"] == pytest.approx(2.0)  # 4 teacher layers, 2 student layers, same width
+    assert kd["dev"]["percent_of_teacher"] == pytest.approx(100 * kd["dev"]["score"] / kd["teacher"]["dev_score"])
+    assert kd["teacher_forward_passes"] > 0 and kd["peak_rss_mb"] > 50 and kd["examples_per_second"] > 0
+    assert kd["steps"] == 4 and kd["seeds"]["train"] == 42 and kd["loss_curve"][0]["step"] == 1
+    assert set(kd["speed"]["formats"]) == {"pytorch_fp32", "onnx_int8"}
+    int8 = kd["speed"]["formats"]["onnx_int8"]
+    assert int8["student"]["latency_1_thread"]["threads"] == 1 and int8["speedup"]["throughput_batch_32"] > 0
+    assert set(int8["student_dev"]) == {"accuracy"}
+    assert kd["speed"]["formats"]["pytorch_fp32"]["student_dev"]["accuracy"] == pytest.approx(kd["dev"]["score"])
+    assert (tmp_path / "results" / "report.md").is_file()
+
+    # a rerun trains nothing and measures nothing
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a finished cell was redone")
+    monkeypatch.setattr("distilkit.bench.subprocess.run", forbidden)
+    monkeypatch.setattr(profile, "format_record", forbidden)
+    before = {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()}
+    Bench(load_suite(suite_path), suite_path).run()
+    assert {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()} == before
+
+    # a missing format is measured alone, without retraining
+    int8 = kd["speed"]["formats"].pop("onnx_int8")
+    (tmp_path / "results" / "records" / "sst2-kd-L2.json").write_text(json.dumps(kd))
+    measured = []
+    monkeypatch.setattr(profile, "format_record", lambda fmt, *args, **kwargs: measured.append(fmt) or int8)
+    Bench(load_suite(suite_path), suite_path).run()
+    assert measured == ["onnx_int8"]
+
+
+def test_suite_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
+    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(suite_path.read_text())
+    data["methods"]["kd"]["temperature"] = -1
+    suite_path.write_text(yaml.safe_dump(data))
+    from distilkit.config import ConfigError
+    with pytest.raises(ConfigError, match="cell sst2-kd-L2: .*temperature"):
+        Bench(load_suite(suite_path), suite_path).cells()
+
+
+# submission ------------------------------------------------------------------------------------
+
+def test_submission_rows_and_file_names():
+    sst2, stsb, mnli = glue_task("sst2"), glue_task("stsb"), glue_task("mnli")
+    assert submission_rows(sst2, np.array([[0.2, 0.1], [-1.0, 3.0]])) == ["0\t0", "1\t1"]
+    assert submission_rows(stsb, np.array([[1.23456], [4.5]])) == ["0\t1.235", "1\t4.500"]
+    # MNLI's label names in the GLUE files' order: contradiction, entailment, neutral
+    assert submission_rows(mnli, np.array([[0.0, 0.0, 1.0], [2.0, 1.0, 0.0]])) == ["0\tneutral", "1\tcontradiction"]
+    assert submission_name(sst2, "test") == "SST-2.tsv"
+    assert submission_name(stsb, "test") == "STS-B.tsv"
+    assert submission_name(mnli, "test_matched") == "MNLI-m.tsv"
+    assert submission_name(mnli, "test_mismatched") == "MNLI-mm.tsv"
+
+
+def test_cli_submit_and_predict_int8(tmp_path, glue_dir, tiny_teacher):
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+    from distilkit.export import export
+
+    run = CliRunner().invoke
+    (glue_dir / "glue" / "SST-2" / "test.tsv").write_text("index\tsentence\n0\tthe film was good\n1\ta dull plot\n"
+                                                          "2\treally charming acting\n")
+    result = run(app, ["submit", str(tiny_teacher), "--task", "sst2", "--out", str(tmp_path / "sub"),
+                       "--data", str(glue_dir)])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "sub" / "SST-2.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
+    assert all(line.split("\t")[1] in ("0", "1") for line in lines[1:])
+
+    result = run(app, ["predict", str(tiny_teacher), "the film was good", "--int8"])
+    assert result.exit_code == 2 and "--int8" in result.output  # says how to get an int8 model
+    exported = tmp_path / "exported"
+    export(tiny_teacher, exported, int8=True)
+    write_metadata(exported, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
+    result = run(app, ["predict", str(exported), "the film was good", "a dull plot", "--int8"])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["label"] in ("0", "1") for line in result.output.splitlines()] == [True, True]
