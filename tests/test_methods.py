@@ -103,3 +103,17 @@ def test_pkd_loss_weights():
     assert terms["patient"].item() == pytest.approx(10.0 * 2.0)
     assert terms["hard"].item() == pytest.approx(0.75 * math.log(2), abs=1e-6)
     assert terms["soft"].item() == pytest.approx(0.25 * math.log(2), abs=1e-6)
+
+
+def test_tinybert_joint_schedule_sums_every_term_at_every_step():
+    method = _method({"name": "tinybert", "schedule": "joint", "attention_weight": 0, "temperature": 2.0})
+    request = method.teacher_request()
+    assert request.hidden == frozenset({0, 2, 4}) and not request.attention and request.logits
+    mask = torch.ones(1, 1)
+    student = Features(mask, hidden={i: torch.zeros(1, 1, 8) for i in range(3)}, logits=torch.zeros(1, 2))
+    teacher = Features(mask, hidden={i: torch.ones(1, 1, 8) for i in (0, 2, 4)}, logits=torch.zeros(1, 2))
+    for step in (0, 9):
+        terms = method.loss_terms({}, student, teacher, Progress(step, 10))
+        # embedding: mean (0-1)^2 = 1; hidden: two layers of 1; prediction: -2 * 0.5 ln 0.5 = ln 2
+        assert {k: round(v.item(), 4) for k, v in terms.items()} == {"embedding": 1.0, "hidden": 2.0,
+                                                                    "prediction": 0.6931}

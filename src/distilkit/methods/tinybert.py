@@ -8,6 +8,8 @@ Prediction stage (eq. 10): L_pred = −softmax(zᵀ/t)·log_softmax(zˢ/t) (MSE 
 TinyBERT runs the two stages as two trainings; here they are two parts of one run:
 `intermediate_fraction` of the steps on intermediate layers, the rest on the prediction layer
 (1.0 gives pure intermediate distillation, e.g. for general distillation; 0.0 prediction only).
+`schedule: joint` instead sums every term at every step (one-stage; TextBrewer's GeneralDistiller
+runs soft-label KD plus projected hidden MSE this way), and `intermediate_fraction` is not used.
 The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers).
 """
 
@@ -29,7 +31,8 @@ class TinyBERT(Method):
     class Params(MethodParams):
         name: Literal["tinybert"] = "tinybert"
         layer_map: list[int] | None = None  # teacher layer (1-based) for each student layer
-        intermediate_fraction: float = Field(0.5, ge=0, le=1)
+        schedule: Literal["two_stage", "joint"] = "two_stage"
+        intermediate_fraction: float = Field(0.5, ge=0, le=1)  # two_stage: share of steps on the first stage
         temperature: float = Field(1.0, gt=0)
         embedding_weight: float = Field(1.0, ge=0)
         hidden_weight: float = Field(1.0, ge=0)
@@ -46,16 +49,26 @@ class TinyBERT(Method):
         # W_e and W_h: one projection per distilled layer (index 0 = embeddings)
         self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(len(self.mapping) + 1))
 
-    def _intermediate_active(self):
-        return self.params.intermediate_fraction > 0
+    def _intermediate(self, progress=None) -> bool:
+        """Whether the intermediate terms count (at this step, or at any step when progress is None)."""
+        p = self.params
+        if p.schedule == "joint":
+            return True
+        return progress.before(p.intermediate_fraction) if progress is not None else p.intermediate_fraction > 0
+
+    def _prediction(self, progress=None) -> bool:
+        p = self.params
+        if p.schedule == "joint":
+            return True
+        return not progress.before(p.intermediate_fraction) if progress is not None else p.intermediate_fraction < 1
 
     def teacher_request(self):
         p = self.params
         hidden = frozenset(([0] if p.embedding_weight else []) + (self.mapping if p.hidden_weight else []))
         attention = frozenset(self.mapping if p.attention_weight else [])
-        return FeatureRequest(hidden=hidden if self._intermediate_active() else frozenset(),
-                              attention=attention if self._intermediate_active() else frozenset(),
-                              logits=p.intermediate_fraction < 1)
+        return FeatureRequest(hidden=hidden if self._intermediate() else frozenset(),
+                              attention=attention if self._intermediate() else frozenset(),
+                              logits=self._prediction())
 
     def student_request(self):
         p = self.params
@@ -66,16 +79,16 @@ class TinyBERT(Method):
             logits=True)
 
     def training_step(self, student_model, batch, teacher, progress):
-        intermediate = progress.before(self.params.intermediate_fraction)
-        request = self.student_request() if intermediate else FeatureRequest(logits=True)
+        request = self.student_request() if self._intermediate(progress) else FeatureRequest(logits=True)
         return self.loss_terms(batch, student_model.features(batch, request), teacher, progress)
 
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
         mask = student.attention_mask
-        if progress.before(p.intermediate_fraction):
-            terms = {"embedding": (p.embedding_weight, losses.hidden_mse(
-                self.projections[0](student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)}
+        terms = {}
+        if self._intermediate(progress):
+            terms["embedding"] = (p.embedding_weight, losses.hidden_mse(
+                self.projections[0](student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)
             hidden = attention = 0.0
             for s_layer, t_layer in enumerate(self.mapping, start=1):
                 if p.hidden_weight:
@@ -86,9 +99,10 @@ class TinyBERT(Method):
                                                                  teacher.attention[t_layer], mask)
             terms["hidden"] = (p.hidden_weight, hidden)
             terms["attention"] = (p.attention_weight, attention)
-            return weighted(terms)
-        if self.ctx.task.is_regression:
-            prediction = losses.mse(student.logits, teacher.logits)
-        else:
-            prediction = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
-        return weighted({"prediction": (p.prediction_weight, prediction)})
+        if self._prediction(progress):
+            if self.ctx.task.is_regression:
+                prediction = losses.mse(student.logits, teacher.logits)
+            else:
+                prediction = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
+            terms["prediction"] = (p.prediction_weight, prediction)
+        return weighted(terms)

@@ -234,7 +234,8 @@ class Distiller:
         score = self._score(results)
         state["evals"].append({"step": state["step"], **results})
         if log_file:
-            log_file.write(json.dumps({"step": state["step"], "eval": results}) + "\n")
+            log_file.write(json.dumps({"step": state["step"], "epoch": state["epoch"],
+                                       "train_seconds": round(state["train_seconds"], 3), "eval": results}) + "\n")
             log_file.flush()
             for split, metrics in results.items():
                 for name, value in metrics.items():
