@@ -2,6 +2,7 @@
 (records, skipping finished cells and formats), and GLUE submission files."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,6 +174,12 @@ def test_bench_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, 
     monkeypatch.setattr(profile, "format_record", lambda fmt, *args, **kwargs: measured.append(fmt) or int8)
     Bench(load_suite(suite_path), suite_path).run()
     assert measured == ["onnx_int8"]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "suites").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_shipped_suites_are_valid(path):
+    assert Bench(load_suite(path), path).cells()
 
 
 def test_suite_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
