@@ -106,18 +106,15 @@ class Bench:
 
     # configs ------------------------------------------------------------------------------------
 
-    def teacher_dir(self, task: str) -> Path:
-        return Path(self.suite.teacher.paths[task]) if task in self.suite.teacher.paths \
-            else self.output / "teachers" / task
-
     def teacher_model(self, task: str) -> Path:
         """The folder students distil from: a given one as is, a suite-trained one's best checkpoint."""
-        return self.teacher_dir(task) if task in self.suite.teacher.paths else self.teacher_dir(task) / "best"
+        given = self.suite.teacher.paths.get(task)
+        return Path(given) if given else self.output / "teachers" / task / "best"
 
     def teacher_config(self, task: str) -> ExperimentConfig:
         s = self.suite
         data = merge(merge(merge(s.defaults, s.tasks[task]), TEACHER_BASE), s.teacher.config)
-        data = merge(data, {"task": {"name": task}, "output": {"dir": str(self.teacher_dir(task))}})
+        data = merge(data, {"task": {"name": task}, "output": {"dir": str(self.output / "teachers" / task)}})
         return build_config(data)
 
     def cells(self) -> dict[str, Cell]:
@@ -154,7 +151,7 @@ class Bench:
             result = subprocess.run([self.python, "-m", "distilkit", command, str(path)], stdout=subprocess.DEVNULL)
             if result.returncode != 0 or not metrics.is_file():
                 raise RunError(f"{name} failed (exit {result.returncode}); rerun `distilkit {command} {path}` "
-                                   "to see why, then rerun the bench: finished cells are kept")
+                               "to see why, then rerun the bench: finished cells are kept")
         return json.loads(metrics.read_text())
 
     def teacher(self, task: str) -> Path:
@@ -232,7 +229,6 @@ class Bench:
 
     def train_record(self, cell: Cell, teacher: dict) -> dict:
         from distilkit.evaluate.profile import size_record
-        from distilkit.run import environment
 
         name, config = cell.name, cell.config
         metrics = self._train("distill", config, name)
@@ -261,7 +257,7 @@ class Bench:
                                        "examples_per_second", "teacher_forward_passes", "peak_rss_mb")},
             "loss_curve": curve,
             "speed": {"settings": self.speed_settings(), "formats": {}},
-            "environment": environment(),
+            "environment": json.loads((run_dir / "env.json").read_text()),  # the training process's
             "config": config.model_dump(mode="json"),
             "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
