@@ -420,11 +420,14 @@ def _contrastive_losses(rows: slice, accelerator=None) -> dict:
     return {"loss": loss.item(), "grad": student_hidden[1].grad, "memory": codir.memory.clone()}
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str):
+def _worker(rank: int, world: int, port: int, out_dir: str, run_config: dict):
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
     torch.set_num_threads(1)
     from accelerate import Accelerator
+
+    from distilkit.config import build_config
+    from distilkit.run import run_experiment
 
     accelerator = Accelerator(cpu=True)
     per = GLOBAL_BATCH // world
@@ -432,12 +435,22 @@ def _worker(rank: int, world: int, port: int, out_dir: str):
     mean_loss = accelerator.reduce(torch.tensor(result["loss"]), reduction="mean").item()
     torch.save({"loss": mean_loss, "grad": result["grad"], "memory": result["memory"]},
                Path(out_dir) / f"rank{rank}.pt")
+    # and a whole training run through the distiller (DDP, gloo) with a staged method
+    run_experiment(build_config(run_config))
     accelerator.wait_for_everyone()
 
 
-def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_path):
+def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_path, glue_dir, tiny_teacher):
     single = _contrastive_losses(slice(0, GLOBAL_BATCH))
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    # the first stage leaves the classifier unused in some steps, which DDP must accept
+    run_config = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32,
+                           "max_eval_examples": 8},
+                  "teacher": {"model": str(tiny_teacher)},
+                  "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
+                  "method": {"name": "lrc", "first_stage_fraction": 0.5},
+                  "train": {"epochs": 1, "batch_size": 8, "learning_rate": 1e-3, "log_every": 2, "mixed_precision": "no"},
+                  "output": {"dir": str(tmp_path / "run")}}
+    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(tmp_path), run_config), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     # the mean of the two local means is the global mean: in-batch negatives span the global batch
     assert ranks[0]["loss"] == pytest.approx(single["loss"], abs=1e-6)
@@ -446,6 +459,9 @@ def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_pa
         rows = single["grad"][rank * 3:(rank + 1) * 3, :result["grad"].shape[1]]
         assert torch.allclose(result["grad"], 2 * rows, atol=1e-6)
         assert torch.equal(result["memory"], single["memory"])  # both banks saw every positive
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert {"loss/transformer", "loss/hard"} <= set().union(*logged)
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 4
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -464,7 +480,7 @@ def test_cli_distills_with_contrastive_methods(tmp_path, glue_dir, tiny_teacher,
     config = tmp_path / "run.yaml"
     config.write_text(f"""
 task: {{name: sst2}}
-data: {{dir: {glue_dir}, max_length: 32, max_train_examples: 96}}
+data: {{dir: {glue_dir}, max_length: 32, max_train_examples: 48, max_eval_examples: 8}}
 teacher: {{model: {tiny_teacher}}}
 student: {{layers: 2, hidden: 16, heads: 2, ffn: 32, init: random}}
 method: {method}
@@ -474,10 +490,11 @@ output: {{dir: {tmp_path / 'out'}}}
     result = _cli("distill", str(config))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
-    assert metrics["steps"] == 24
+    assert metrics["steps"] == 12
     logged = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     terms = set().union(*(k for k in logged if "loss" in k))
     expected = {"loss/transformer", "loss/soft", "loss/hard"} if "lrc" in method else {
         "loss/ce", "loss/kd", "loss/crd"}
     assert expected <= terms
     assert all(math.isfinite(r["loss"]) for r in logged if "loss" in r)
+
