@@ -182,8 +182,10 @@ def count_parameters(module: torch.nn.Module) -> dict[str, int]:
 
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
-    out = prepare_output(config)
     accelerator = make_accelerator(config.train.mixed_precision)
+    # one process decides about the output folder; the others must not race it
+    out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
+    accelerator.wait_for_everyone()
     run = build_run(config, accelerator)
     teacher_passes = 0
     cache_seconds = 0.0
