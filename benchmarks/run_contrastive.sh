@@ -3,8 +3,10 @@
 # Needs the T6 teachers of run_foundation.sh (benchmarks/work/teachers/<task>/best).
 # Usage: DISTILKIT_DATA=../shared/data benchmarks/run_contrastive.sh            # seed 42 (the configs')
 #        SEEDS="42 43 44" DISTILKIT_DATA=../shared/data benchmarks/run_contrastive.sh
-# Estimated CPU time at seed 42 (2 shared cores): MRPC ~3.2 h for the 10 runs (lrc with perturbation
-# ~30 min each, the others 10-20 min), SST-2 (8k) ~1.5 h.
+# Estimated time at seed 42 on this CPU (from the smoke runs: lrc with perturbation ~15 examples/s, codir
+# ~32/s, at batch 16 on MRPC): MRPC ~3.4 h for the 10 runs (the three lrc runs with perturbation ~35 min
+# each, the others 12-20 min), SST-2 capped at 8k ~1.7 h. Multi-process (2 CPU processes, gloo):
+#   torchrun --nproc_per_node 2 -m distilkit distill <config>   (in-batch negatives span the global batch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -91,9 +91,10 @@ class Method(nn.Module):
     def gather_batch(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The rows of the global batch (every process's share, in rank order) and where ours start.
 
-        For in-batch negatives under multi-process training. The result carries no gradient (it is
-        only ever teacher outputs or memory-bank values); dimensions after the first are zero-padded
-        to the largest across processes (sequences of different lengths). One process: `tensor` as is.
+        For in-batch negatives and shared memory banks under multi-process training. The result carries
+        no gradient: what is gathered (teacher outputs, example ids, memory-bank updates) needs none, and
+        each process's own rows keep theirs in the caller. Dimensions after the first are zero-padded to
+        the largest across processes (sequences of different lengths). One process: `tensor` as is.
         """
         accelerator = self.ctx.accelerator
         if accelerator is None or accelerator.num_processes == 1:
