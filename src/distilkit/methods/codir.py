@@ -12,8 +12,9 @@ pre-training draws them from the same mini-batch (the global batch under multi-p
 and still reads their representations from the bank.
 Objective (eq. 1): L = L_CE + α₁ L_KD + α₂ L_CRD with L_KD = KL(softmax(zᵗ/ρ) ‖ softmax(zˢ/ρ)) (eq. 2);
 for regression tasks CE and KD become MSE. CoDIR-Pre (`objective: pretrain`) replaces L_CE by the
-student's MLM loss and distils the teacher's MLM distribution at the masked positions; the teacher's
-real MLM head is used when it has one, else the tied-embedding projection (models/mlm.py). That needs
+student's MLM loss and distils the teacher's MLM distribution at the masked positions; each model's
+real MLM head is used when it has one, else the tied-embedding projection h_L·Eᵀ (models/mlm.py; our
+students are sequence classifiers, so theirs is always the projection on their own word embeddings). That needs
 batches with `mlm_labels` (token ids at masked positions, −100 elsewhere) from the unlabeled-corpus
 pipeline (issue 6); the loss side is here.
 

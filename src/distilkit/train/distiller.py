@@ -75,8 +75,8 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:
-    """CPU Accelerator; under multi-process training DDP tolerates parameters a step leaves unused,
-    since staged methods (TinyBERT, LRC-BERT) use the classifier in some steps and not in others."""
+    """CPU Accelerator. Under multi-process training DDP must tolerate parameters a step leaves unused:
+    methods with stages use some parts (e.g. the classifier) in some steps only."""
     return Accelerator(cpu=True, mixed_precision=mixed_precision,
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
 
