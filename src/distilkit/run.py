@@ -27,7 +27,7 @@ from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
-from distilkit.train.distiller import Distiller, peak_rss_mb, total_steps
+from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
 
 
 class RunError(RuntimeError):
@@ -182,10 +182,10 @@ def count_parameters(module: torch.nn.Module) -> dict[str, int]:
 
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
-    from accelerate import Accelerator
-
-    out = prepare_output(config)
-    accelerator = Accelerator(cpu=True, mixed_precision=config.train.mixed_precision)
+    accelerator = make_accelerator(config.train.mixed_precision)
+    # one process decides about the output folder; the others must not race it
+    out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
+    accelerator.wait_for_everyone()
     run = build_run(config, accelerator)
     teacher_passes = 0
     cache_seconds = 0.0

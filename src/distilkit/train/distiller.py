@@ -17,7 +17,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
@@ -74,6 +74,13 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_accelerator(mixed_precision: str) -> Accelerator:
+    """CPU Accelerator. Under multi-process training DDP must tolerate parameters a step leaves unused:
+    methods with stages use some parts (e.g. the classifier) in some steps only."""
+    return Accelerator(cpu=True, mixed_precision=mixed_precision,
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -90,7 +97,7 @@ class Distiller:
         self.eval_data = eval_data
         self.out_dir = Path(out_dir)
         self.save_student = save_student  # (student, directory) -> None
-        self.accelerator = accelerator or Accelerator(cpu=True, mixed_precision=config.train.mixed_precision)
+        self.accelerator = accelerator or make_accelerator(config.train.mixed_precision)
 
     def _split(self, batch: dict) -> dict:
         """This process's share of the global batch (multi-process data parallelism)."""
