@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | predict | demo`."""
+"""`distilkit finetune | distill | recipe | evaluate | export | predict | demo`."""
 
 from __future__ import annotations
 
@@ -57,6 +57,20 @@ def finetune(config: ConfigArg = None, set_: SetOpt = None) -> None:
 def distill(config: ConfigArg = None, set_: SetOpt = None) -> None:
     """Distil a teacher into a student with the method the config names."""
     _train(config, set_ or [], None)
+
+
+@app.command()
+def recipe(file: Annotated[Path, typer.Argument(help="recipe YAML: output, defaults, stages")],
+           set_: SetOpt = None) -> None:
+    """Run a multi-stage recipe (e.g. general distillation → task distillation); resumes where it stopped."""
+    from distilkit.recipe import load_recipe, run_recipe
+
+    try:
+        summary = run_recipe(load_recipe(file, set_ or []))
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({name: {"final": m.get("final"), "best": m.get("best")} for name, m in summary.items()},
+                     indent=2))
 
 
 @app.command()
