@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -101,10 +102,10 @@ def run_recipe(recipe: dict) -> dict:
             if (out / "config.yaml").read_text() != dump_config(config):
                 raise RunError(f"stage {name} finished in {out} with a different config; move that folder "
                                "aside (or change the recipe's output) to run the stage again")
-            print(f"stage {name}: already done ({out})")
+            print(f"stage {name}: already done ({out})", file=sys.stderr)
             summary[name] = json.loads((out / "metrics.json").read_text())
             continue
-        print(f"stage {name}: running into {out}")
+        print(f"stage {name}: running into {out}", file=sys.stderr)
         summary[name] = run_experiment(config)
     Path(recipe["output"], "recipe.json").write_text(json.dumps(summary, indent=2))
     return summary
