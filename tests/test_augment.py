@@ -27,6 +27,21 @@ def test_mlm_candidates_are_whole_words_other_than_the_original(tiny_teacher):
             assert all(c in vocab and c.isalpha() and not c.startswith("[") for c in choices)
 
 
+def test_embedding_neighbour_candidates(tiny_teacher):
+    import torch
+
+    candidates = Candidates(str(tiny_teacher), k=2, source="embeddings")
+    table = candidates.unit_embeddings
+    good = candidates.tokenizer.convert_tokens_to_ids("good")
+    with torch.no_grad():  # make "great" and "fun" the nearest neighbours of "good" in the teacher's table
+        for word, mix in (("great", 0.9), ("fun", 0.8)):
+            i = candidates.tokenizer.convert_tokens_to_ids(word)
+            table[i] = torch.nn.functional.normalize(mix * table[good] + (1 - mix) * table[i], dim=-1)
+    (options,) = candidates.for_example(("good film",))
+    assert options[0] == ["great", "fun"]
+    assert len(options[1]) == 2 and "film" not in options[1]
+
+
 def test_schemes_replace_mask_and_cut_as_their_probabilities_say():
     words = [["w%d" % i for i in range(2000)]]
     options = [[["x"] for _ in range(2000)]]

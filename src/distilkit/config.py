@@ -73,6 +73,9 @@ class AugmentConfig(StrictModel):
     scheme: Literal["tinybert", "tang"] = "tinybert"
     copies: int = Field(20, ge=1)  # TinyBERT N_a = 20; Tang et al. n_iter = 20
     candidates: int = Field(15, ge=1)  # K: teacher-MLM (or GloVe) candidates per word
+    # mlm: the teacher's MLM prediction at the masked word (the papers); embeddings: the word's nearest
+    # neighbours in the teacher's word-embedding table (for teachers whose top layer is no language model)
+    candidates_from: Literal["mlm", "embeddings"] = "mlm"
     replace_probability: float | None = Field(None, ge=0, le=1)  # TinyBERT p_t; Tang p_pos
     mask_probability: float | None = Field(None, ge=0, le=1)  # Tang p_mask
     ngram_probability: float | None = Field(None, ge=0, le=1)  # Tang p_ng

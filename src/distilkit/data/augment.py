@@ -10,7 +10,13 @@ Two schemes share one source of replacement words, the teacher's masked-language
   p_pos = 0.1 (by a same-part-of-speech word in the paper; here by an MLM candidate, since no
   tagger is at hand); then, with p_ng = 0.25, the text is cut to a random n-gram (n = 1..5).
 
-Candidates come from one teacher pass per 1/7 of the words: every 7th word is masked at once
+`candidates_from: embeddings` takes instead the word's nearest neighbours (cosine) in the teacher's
+own word-embedding table, a GloVe stand-in. It exists because our default teacher, all-MiniLM-L6-v2,
+was trained as a sentence encoder: its top layer projected on the tied embeddings proposes the same
+unrelated words at every position ("pilgrims", "python", "bert" for "the movie was really [MASK]"),
+while its embedding table gives good → excellent, great, nice; movie → movies, film, cinema.
+
+MLM candidates come from one teacher pass per 1/7 of the words: every 7th word is masked at once
 (≈15%, BERT's own masking rate) instead of one word per pass as in TinyBERT, 7 passes per
 example instead of one per word.
 
@@ -51,7 +57,8 @@ def probabilities(cfg: AugmentConfig) -> dict[str, float]:
 class Candidates:
     """Replacement words for every word of a text, from the teacher's MLM (and GloVe when given)."""
 
-    def __init__(self, model_name: str, k: int, vectors: str | None = None, batch_size: int = 64):
+    def __init__(self, model_name: str, k: int, vectors: str | None = None, batch_size: int = 64,
+                 source: str = "mlm"):
         from distilkit.models.student import load_tokenizer
         from distilkit.models.teacher import Teacher
 
@@ -64,6 +71,11 @@ class Candidates:
         self.allowed = torch.tensor([t.isalpha() or (t.isalnum() and not t.startswith("##")) for t in vocab])
         self.vocab = vocab
         self.glove = GloveNeighbours(Path(vectors), k) if vectors else None
+        self.source = source
+        if source == "embeddings":
+            from distilkit.models.mlm import word_embeddings
+
+            self.unit_embeddings = torch.nn.functional.normalize(word_embeddings(self.teacher.model).float(), dim=-1)
 
     def single_piece(self, word: str) -> bool:
         return len(self.tokenizer.tokenize(word)) == 1
@@ -76,6 +88,17 @@ class Candidates:
         words = [t.split() for t in texts]
         flat = [(ti, wi) for ti, ws in enumerate(words) for wi in range(len(ws))]
         out = [[[] for _ in ws] for ws in words]
+        if self.source == "embeddings":
+            pieces = self.tokenizer([words[ti][wi] for ti, wi in flat], add_special_tokens=False)["input_ids"]
+            single = [(place, ids[0]) for place, ids in zip(flat, pieces) if len(ids) == 1]
+            if single:
+                ids = torch.tensor([i for _, i in single])
+                similarity = self.unit_embeddings[ids] @ self.unit_embeddings.T
+                similarity[:, ~self.allowed] = float("-inf")
+                similarity[torch.arange(len(ids)), ids] = float("-inf")
+                for ((ti, wi), _), best in zip(single, similarity.topk(self.k, dim=-1).indices.tolist()):
+                    out[ti][wi] = [self.vocab[i] for i in best]
+            flat = []  # no MLM passes
         variants, targets = [], []
         for offset in range(min(MASK_STRIDE, len(flat))):
             chosen = [(ti, wi) for n, (ti, wi) in enumerate(flat) if n % MASK_STRIDE == offset
@@ -175,7 +198,7 @@ def _cache_key(examples: list[Example], cfg: AugmentConfig, model_fingerprint: s
 
 def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path) -> list[Example]:
     """Originals then copies, without labels, capped to cfg.max_examples; computed once and cached."""
-    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors)
+    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from)
     path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
     if not path.is_file():
         start = time.perf_counter()
