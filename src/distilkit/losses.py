@@ -74,3 +74,11 @@ def pkd_normalized_distance(student_cls: torch.Tensor, teacher_cls: torch.Tensor
     student_unit = F.normalize(student_cls.float(), dim=-1)
     teacher_unit = F.normalize(teacher_cls.float(), dim=-1)
     return (student_unit - teacher_unit).pow(2).sum(-1).mean()
+
+
+def sra_cosine(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """SRA (Wu et al.) eq. (1): ½ (1 − cos(T_x, S_x)) per sentence, mean over the batch.
+
+    0 for parallel vectors, ½ for orthogonal ones, 1 for opposite ones; (B, D) each.
+    """
+    return (0.5 * (1 - F.cosine_similarity(teacher.float(), student.float(), dim=-1))).mean()
