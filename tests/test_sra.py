@@ -133,3 +133,15 @@ def test_kd_logit_mse_is_tang_et_al_eq2():
     teacher = Features(attention_mask=torch.ones(2, 1), logits=torch.tensor([[3.0, 2.0], [1.0, -1.0]]))
     terms = method.loss_terms({}, student, teacher, Progress(0, 1))
     assert terms["soft"].item() == pytest.approx((4 + 0 + 1 + 1) / 4)  # mean of squared logit differences
+
+
+def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):
+    from test_training import cli
+
+    student = tiny_bilstm(len(BertTokenizerFast.from_pretrained(tiny_base_model)), pair=False, num_labels=None)
+    student.save(tmp_path / "s", BertTokenizerFast.from_pretrained(tiny_base_model), {"task": "unlabeled"})
+    for model, pooling in ((tmp_path / "s", "cls"), (tiny_base_model, "mean")):
+        result = cli("similarity", str(model), "--data", str(glue_dir), "--pooling", pooling)
+        assert result.returncode == 0, result.stderr
+        scores = json.loads(result.stdout)
+        assert scores["pairs"] == 16 and -1 <= scores["spearman"] <= 1

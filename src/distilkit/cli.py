@@ -111,6 +111,29 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
 
 
 @app.command()
+def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student, or any encoder (folder or alias)")],
+               task: Annotated[str, typer.Option(help="a regression pair task (STS-B)")] = "stsb",
+               data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
+               pooling: Annotated[str, typer.Option(help="transformers: cls or mean")] = "cls",
+               max_length: int = 128) -> None:
+    """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold score."""
+    from distilkit.config import build_config
+    from distilkit.evaluate.similarity import untuned_similarity
+    from distilkit.run import read_split, task_spec
+
+    try:
+        config = build_config({"task": {"name": task}, "data": {"dir": data}, "student": {"init": "random"}})
+        spec = task_spec(config)
+        if not (spec.is_pair and spec.is_regression):
+            raise ValueError(f"{task} is not a sentence-pair similarity task with scores; use stsb")
+        result = {"model": model, "task": spec.name, "pooling": pooling,
+                  **untuned_similarity(model, read_split(config, spec, "dev"), pooling, max_length)}
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps(result, indent=2))
+
+
+@app.command()
 def export(model: Annotated[Path, typer.Argument(help="a saved student folder")],
            destination: Annotated[Path, typer.Argument(help="new folder for the deployable model")],
            onnx: Annotated[bool, typer.Option(help="also write model.onnx (checked against PyTorch)")] = False,

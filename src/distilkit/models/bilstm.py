@@ -115,7 +115,7 @@ class BiLSTMStudent(Student):
             tokenizer.save_pretrained(directory)
         write_metadata(directory, {"kind": self.kind, "bilstm": self.shape, **metadata})
         # model folders are recognised by a config.json; this one is for people (transformers cannot load it)
-        (directory / "config.json").write_text(json.dumps({"distilkit_student": self.kind, **self.shape}, indent=2))
+        (directory / "config.json").write_text(json.dumps({"distilkit_student": self.kind, "shape": self.shape}, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> BiLSTMStudent:
