@@ -119,3 +119,11 @@ def info_nce(teacher: torch.Tensor, student: torch.Tensor, negatives: torch.Tens
     positive = F.cosine_similarity(teacher, student, dim=-1, eps=1e-8)[:, None]  # (B, 1)
     scores = torch.cat([positive, _cosine_to_each(negatives, teacher)], dim=1) / temperature  # (B, K+1)
     return (torch.logsumexp(scores, dim=1) - scores[:, 0]).mean()
+
+
+def sra_cosine(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """SRA (Wu et al.) eq. (1): ½ (1 − cos(T_x, S_x)) per sentence, mean over the batch.
+
+    0 for parallel vectors, ½ for orthogonal ones, 1 for opposite ones; (B, D) each.
+    """
+    return (0.5 * (1 - F.cosine_similarity(teacher.float(), student.float(), dim=-1))).mean()

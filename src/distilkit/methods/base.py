@@ -45,7 +45,7 @@ class MethodContext:
     student: nn.Module  # a distilkit Student
     teacher: object | None  # a distilkit Teacher
     total_steps: int
-    train_size: int
+    train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
 
@@ -79,6 +79,10 @@ class Method(nn.Module):
 
     def prepare_batch(self, batch: dict, teacher) -> dict:
         return batch
+
+    def uses_labels(self) -> bool:
+        """True when the loss needs gold labels (so it cannot train on unlabeled or teacher-labelled data)."""
+        return False
 
     # shared pieces -----------------------------------------------------------------------------
 
