@@ -123,3 +123,13 @@ def test_length_buckets_are_deterministic_complete_and_resumable():
     # within a batch lengths are close: padding waste is far below an unsorted batch
     spread = np.mean([lengths[b].max() - lengths[b].min() for b in epoch])
     assert spread < 20
+
+
+def test_overrides_index_lists_of_sections():
+    from distilkit.config import ConfigError, apply_overrides
+
+    data = {"stages": [{"name": "a"}, {"name": "b", "train": {"epochs": 1}}]}
+    apply_overrides(data, ["stages.1.train.epochs=3", "stages.0.teacher.model=t"])
+    assert data["stages"][1]["train"]["epochs"] == 3 and data["stages"][0]["teacher"] == {"model": "t"}
+    with pytest.raises(ConfigError, match="not an index of a 2-item list"):
+        apply_overrides(data, ["stages.2.train.epochs=3"])

@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | predict | submit | bench | demo`."""
+"""`distilkit finetune | distill | recipe | evaluate | export | predict | submit | bench | demo`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,20 @@ def distill(config: ConfigArg = None, set_: SetOpt = None) -> None:
 
 
 @app.command()
+def recipe(file: Annotated[Path, typer.Argument(help="recipe YAML: output, defaults, stages")],
+           set_: SetOpt = None) -> None:
+    """Run a multi-stage recipe (e.g. general distillation → task distillation); resumes where it stopped."""
+    from distilkit.recipe import load_recipe, run_recipe
+
+    try:
+        summary = run_recipe(load_recipe(file, set_ or []))
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({name: {"final": m.get("final"), "best": m.get("best")} for name, m in summary.items()},
+                     indent=2))
+
+
+@app.command()
 def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teacher folder")],
              task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
              data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
@@ -95,6 +109,29 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     if output:
         output.write_text(text)
     print(text)
+
+
+@app.command()
+def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student, or any encoder (folder or alias)")],
+               task: Annotated[str, typer.Option(help="a regression pair task (STS-B)")] = "stsb",
+               data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
+               pooling: Annotated[str, typer.Option(help="transformers: cls or mean")] = "cls",
+               max_length: int = 128) -> None:
+    """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold score."""
+    from distilkit.config import build_config
+    from distilkit.evaluate.similarity import untuned_similarity
+    from distilkit.run import read_split, task_spec
+
+    try:
+        config = build_config({"task": {"name": task}, "data": {"dir": data}, "student": {"init": "random"}})
+        spec = task_spec(config)
+        if not (spec.is_pair and spec.is_regression):
+            raise ValueError(f"{task} is not a sentence-pair similarity task with scores; use stsb")
+        result = {"model": model, "task": spec.name, "pooling": pooling,
+                  **untuned_similarity(model, read_split(config, spec, "dev"), pooling, max_length)}
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps(result, indent=2))
 
 
 @app.command()

@@ -29,7 +29,7 @@ class MethodParams(StrictModel):
 
 
 class TaskConfig(StrictModel):
-    name: str = "sst2"  # a GLUE task, or "custom" with the fields below
+    name: str = "sst2"  # a GLUE task, "custom" with the fields below, or "unlabeled" (text of data.corpus)
     text_columns: list[str] | None = None
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
@@ -45,11 +45,44 @@ class TaskConfig(StrictModel):
                 raise ValueError("a custom task needs text_columns: one or two column names")
             if not self.train_file:
                 raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
-        else:
+        elif self.name != "unlabeled":
             from distilkit.data.tasks import glue_task
 
             glue_task(self.name)
         return self
+
+
+class CorpusConfig(StrictModel):
+    """Unlabeled text for task-agnostic distillation (task.name: unlabeled), streamed from disk."""
+
+    files: list[str] = Field(min_length=1)  # paths or globs; relative ones also looked up under data.dir
+    unit: Literal["sentence", "packed"] = "packed"  # one sentence per example, or sentences packed to max_length
+    heldout_fraction: float = Field(0.01, gt=0, lt=1)  # documents held out (by a hash of their first line)
+    heldout_examples: int = Field(1000, ge=1)  # size of the held-out evaluation set
+    chunk_lines: int = Field(2000, ge=1)  # lines read (and shuffled) at a time: bounds memory
+
+
+class AugmentConfig(StrictModel):
+    """Task-data augmentation for distillation: `copies` altered versions of every training example.
+
+    The transfer set (originals + copies) is distilled without gold labels: the teacher labels it.
+    Probabilities left null take the scheme's paper values (tinybert: replace 0.4; tang: mask 0.1,
+    replace 0.1, n-gram 0.25).
+    """
+
+    scheme: Literal["tinybert", "tang"] = "tinybert"
+    copies: int = Field(20, ge=1)  # TinyBERT N_a = 20; Tang et al. n_iter = 20
+    candidates: int = Field(15, ge=1)  # K: teacher-MLM (or GloVe) candidates per word
+    # mlm: the teacher's MLM prediction at the masked word (the papers); embeddings: the word's nearest
+    # neighbours in the teacher's word-embedding table (for teachers whose top layer is no language model)
+    candidates_from: Literal["mlm", "embeddings"] = "mlm"
+    replace_probability: float | None = Field(None, ge=0, le=1)  # TinyBERT p_t; Tang p_pos
+    mask_probability: float | None = Field(None, ge=0, le=1)  # Tang p_mask
+    ngram_probability: float | None = Field(None, ge=0, le=1)  # Tang p_ng
+    model: str | None = None  # MLM that proposes replacements; default: teacher.model
+    vectors: str | None = None  # GloVe-format text file: neighbours for words of several word pieces
+    max_examples: int | None = Field(None, ge=1)  # cap on the transfer set (Tang et al.: 800K)
+    seed: int = 0
 
 
 class DataConfig(StrictModel):
@@ -58,6 +91,9 @@ class DataConfig(StrictModel):
     max_length: int = Field(128, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
     max_eval_examples: int | None = Field(None, ge=1)
+    corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
+    augment: AugmentConfig | None = None  # augmented transfer set for task distillation
+    mlm_probability: float | None = Field(None, gt=0, lt=1)  # BERT MLM masking of every batch (0.15)
 
 
 class TeacherConfig(StrictModel):
@@ -154,6 +190,16 @@ class ExperimentConfig(StrictModel):
 
         if get_method(self.method.name).needs_teacher and not self.teacher.model:
             raise ValueError(f"method {self.method.name!r} distils from a teacher: set teacher.model")
+        unlabeled = self.task.name == "unlabeled"
+        if unlabeled != (self.data.corpus is not None):
+            raise ValueError("task.name=unlabeled and data.corpus go together: an unlabeled task reads its text "
+                             "from data.corpus.files, and a corpus has no labels for a GLUE task")
+        if unlabeled and not self.train.max_steps:
+            raise ValueError("a streamed corpus has no known size: set train.max_steps")
+        if unlabeled and self.data.augment is not None:
+            raise ValueError("data.augment alters task examples; it does not apply to a corpus")
+        if self.data.augment is not None and not (self.data.augment.model or self.teacher.model):
+            raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         if self.student.init == "teacher_layers" and not self.teacher.model:
             raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
                              "or use student.init=pretrained / random")
@@ -185,18 +231,26 @@ def _describe(err: ValidationError, prefix: str = "") -> str:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """`a.b=value` pairs; values parse as YAML (numbers, lists, null)."""
+    """`a.b=value` pairs; values parse as YAML (numbers, lists, null). A number indexes a list
+    (`stages.1.train.epochs=3` sets the second stage of a recipe)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
         path, raw = item.split("=", 1)
-        keys = path.strip().split(".")
+        *parents, last = path.strip().split(".")
         node = data
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
+        for key in parents:
+            if isinstance(node, list):
+                if not key.isdigit() or int(key) >= len(node):
+                    raise ConfigError(f"override {item!r}: {key} is not an index of a {len(node)}-item list")
+                node = node[int(key)]
+            else:
+                node = node.setdefault(key, {})
+            if not isinstance(node, dict | list):
                 raise ConfigError(f"override {item!r}: {key} is not a section")
-        node[keys[-1]] = yaml.safe_load(raw)
+        if isinstance(node, list):
+            raise ConfigError(f"override {item!r}: set a field of a list item, e.g. {path}.0.name=...")
+        node[last] = yaml.safe_load(raw)
     return data
 
 

@@ -74,3 +74,56 @@ def pkd_normalized_distance(student_cls: torch.Tensor, teacher_cls: torch.Tensor
     student_unit = F.normalize(student_cls.float(), dim=-1)
     teacher_unit = F.normalize(teacher_cls.float(), dim=-1)
     return (student_unit - teacher_unit).pow(2).sum(-1).mean()
+
+
+def _cosine_to_each(candidates: torch.Tensor, anchor: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """cos(candidates[b, k], anchor[b]) as (B, K), without materialising a (B, K, D) product."""
+    dots = torch.einsum("bkd,bd->bk", candidates, anchor)
+    norms = candidates.norm(dim=-1) * anchor.norm(dim=-1, keepdim=True)
+    return dots / norms.clamp_min(eps)
+
+
+def angular_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """LRC-BERT eq. (2): g(x, y) = 1 − x·y / (‖x‖‖y‖), in [0, 2], along the last dimension."""
+    return 1 - F.cosine_similarity(x.float(), y.float(), dim=-1, eps=1e-8)
+
+
+def cos_nce(student: torch.Tensor, teacher: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    """LRC-BERT eq. (1): COS-NCE, mean over the batch.
+
+    L_C(zˢ, zᵀ, N) = Σ_{i=1..K} (2 − (g(nᵢᵀ, zˢ) − g(zᵀ, zˢ))) / 2K + g(zᵀ, zˢ), with g of eq. (2).
+    `student` zˢ and `teacher` zᵀ are (B, D); `negatives` (B, K, D) holds the teacher outputs nᵢᵀ of
+    K other samples for each row. The loss is 0 when zˢ points along zᵀ and away from every nᵢᵀ.
+    """
+    if negatives.ndim != 3 or negatives.shape[1] < 1:
+        raise ValueError(f"cos_nce needs negatives of shape (B, K, D) with K >= 1, got {tuple(negatives.shape)}: "
+                         "in-batch negatives need a batch of at least 2 examples")
+    student, teacher, negatives = student.float(), teacher.float(), negatives.float()
+    positive = angular_distance(teacher, student)  # g(zᵀ, zˢ), (B,)
+    negative = 1 - _cosine_to_each(negatives, student)  # g(nᵢᵀ, zˢ), (B, K)
+    k = negatives.shape[1]
+    return ((2 - (negative - positive[:, None])).sum(1) / (2 * k) + positive).mean()
+
+
+def info_nce(teacher: torch.Tensor, student: torch.Tensor, negatives: torch.Tensor,
+             temperature: float) -> torch.Tensor:
+    """CoDIR eq. (4): −log exp(⟨h₀ᵗ, h₀ˢ⟩/τ) / Σ_{j=0..K} exp(⟨h₀ᵗ, hⱼˢ⟩/τ), mean over the batch.
+
+    ⟨·,·⟩ is cosine similarity. `teacher` h₀ᵗ and `student` h₀ˢ are (B, m); `negatives` (B, K, m)
+    are the student-side representations hⱼˢ of K negatives (CoDIR reads them from its memory bank).
+    A (K+1)-way classification of the congruent pair (CRD, Tian et al. 2020).
+    """
+    if negatives.ndim != 3 or negatives.shape[1] < 1:
+        raise ValueError(f"info_nce needs negatives of shape (B, K, m) with K >= 1, got {tuple(negatives.shape)}")
+    teacher, student, negatives = teacher.float(), student.float(), negatives.float()
+    positive = F.cosine_similarity(teacher, student, dim=-1, eps=1e-8)[:, None]  # (B, 1)
+    scores = torch.cat([positive, _cosine_to_each(negatives, teacher)], dim=1) / temperature  # (B, K+1)
+    return (torch.logsumexp(scores, dim=1) - scores[:, 0]).mean()
+
+
+def sra_cosine(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """SRA (Wu et al.) eq. (1): ½ (1 − cos(T_x, S_x)) per sentence, mean over the batch.
+
+    0 for parallel vectors, ½ for orthogonal ones, 1 for opposite ones; (B, D) each.
+    """
+    return (0.5 * (1 - F.cosine_similarity(teacher.float(), student.float(), dim=-1))).mean()

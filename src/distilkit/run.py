@@ -18,16 +18,18 @@ import numpy as np
 import torch
 
 from distilkit.config import ExperimentConfig, dump_config
+from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
-from distilkit.data.readers import DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
+from distilkit.data.masking import MaskedBatches
+from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
     resolve_data_dir
-from distilkit.data.tasks import TaskSpec, glue_task
+from distilkit.data.tasks import UNLABELED, TaskSpec, glue_task
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
-from distilkit.train.distiller import Distiller, peak_rss_mb, total_steps
+from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
 
 
 class RunError(RuntimeError):
@@ -36,6 +38,8 @@ class RunError(RuntimeError):
 
 def task_spec(config: ExperimentConfig) -> TaskSpec:
     t = config.task
+    if t.name == UNLABELED.name:
+        return UNLABELED
     if t.name != "custom":
         return glue_task(t.name)
     labels = tuple(t.labels) if t.labels else None
@@ -128,7 +132,7 @@ class BuiltRun:
     config: ExperimentConfig
     task: TaskSpec
     tokenizer: object
-    train_data: TokenizedDataset
+    train_data: TokenizedDataset | TextCorpus | MaskedBatches  # anything with num_examples and batches()
     eval_data: dict[str, TokenizedDataset]
     teacher: Teacher | None
     student: torch.nn.Module
@@ -145,27 +149,56 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
     tokenizer = load_tokenizer(tokenizer_source)
-    train_examples = capped(read_split(config, task, "train"), config.data.max_train_examples)
-    if any(e.label is None for e in train_examples):
-        raise DataError("training examples need labels")
-    train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression)
-    eval_data = load_eval_data(config, task, tokenizer)
+    if task.unlabeled:
+        train_data, eval_data = load_corpus(config, tokenizer)
+    else:
+        train_examples = capped(read_split(config, task, "train"), config.data.max_train_examples)
+        if config.data.augment is not None:
+            from distilkit.data.augment import augmented_examples
+
+            train_examples = augmented_examples(train_examples, config.data.augment,
+                                                config.data.augment.model or config.teacher.model,
+                                                cache_root(config.teacher.cache_dir))
+        elif any(e.label is None for e in train_examples):
+            raise DataError("training examples need labels")
+        train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression)
+        eval_data = load_eval_data(config, task, tokenizer)
+    if config.data.mlm_probability:
+        train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
+        if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
+            eval_data = {k: MaskedBatches(v, tokenizer, config.data.mlm_probability) for k, v in eval_data.items()}
 
     teacher = None
     if config.teacher.model:
         teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision)
     student = build_student(config.student, teacher.model if teacher else None, task)
-    labels = torch.as_tensor(train_data.labels) if train_data.labels is not None else None
+    known_labels = getattr(train_data, "labels", None)
+    labels = torch.as_tensor(known_labels) if known_labels is not None else None
     ctx = MethodContext(task=task, student=student, teacher=teacher,
-                        total_steps=total_steps(len(train_data), config.train), train_size=len(train_data),
-                        train_labels=labels, accelerator=accelerator)
+                        total_steps=total_steps(train_data.num_examples, config.train),
+                        train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator)
     method = method_cls(config.method, ctx)
+    if method.uses_labels() and labels is None:
+        raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
+                        "(an unlabeled corpus, or an augmented set labelled by the teacher): use a distillation "
+                        "method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
     cache = None
-    if teacher is not None and config.teacher.cache and method_cls.teacher_cacheable and not request.is_empty():
+    # a streamed corpus is seen about once and changes every chunk: its teacher outputs are computed live
+    cacheable = method_cls.teacher_cacheable and isinstance(train_data, TokenizedDataset)
+    if teacher is not None and config.teacher.cache and cacheable and not request.is_empty():
         cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
     source = TeacherSource(teacher, request or method.teacher_request(), cache)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache)
+
+
+def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
+    """The streamed training text and its held-out split (the evaluation data of an unlabeled task)."""
+    c = config.data.corpus
+    data_dir = resolve_data_dir(config.data.dir) if (config.data.dir or os.environ.get(DATA_ENV)) else None
+    corpus = TextCorpus(resolve_corpus_files(c.files, data_dir), tokenizer, config.data.max_length, c.unit,
+                        c.heldout_fraction, c.heldout_examples, c.chunk_lines)
+    return corpus, {"heldout": corpus.heldout()}
 
 
 def student_metadata(run: BuiltRun) -> dict:
@@ -182,10 +215,10 @@ def count_parameters(module: torch.nn.Module) -> dict[str, int]:
 
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
-    from accelerate import Accelerator
-
-    out = prepare_output(config)
-    accelerator = Accelerator(cpu=True, mixed_precision=config.train.mixed_precision)
+    accelerator = make_accelerator(config.train.mixed_precision)
+    # one process decides about the output folder; the others must not race it
+    out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
+    accelerator.wait_for_everyone()
     run = build_run(config, accelerator)
     teacher_passes = 0
     cache_seconds = 0.0
@@ -213,7 +246,7 @@ def run_experiment(config: ExperimentConfig) -> dict:
         "task": run.task.name, "method": config.method.name, "student": config.student.preset or "custom",
         "teacher": config.teacher.model,
         "params": count_parameters(run.student),
-        "train_examples_in_set": len(run.train_data),
+        "train_examples_in_set": run.train_data.num_examples,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         "teacher_forward_passes": teacher_passes + (run.teacher.forward_passes - teacher_passes

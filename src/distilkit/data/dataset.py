@@ -64,6 +64,23 @@ class TokenizedDataset(torch.utils.data.Dataset):
     def collate(self, items: list[dict]) -> dict[str, torch.Tensor]:
         return collate(items, self.pad_token_id)
 
+    @property
+    def num_examples(self) -> int:
+        return len(self)
+
+    def batches(self, batch_size: int, seed: int, epoch: int, position: int | None
+                ) -> Iterator[tuple[dict, int | None, bool]]:
+        """Shuffled, length-bucketed batches of one epoch from `position` (batches already served).
+
+        Yields (batch, position after it, last batch of the epoch): the interface every training
+        data source shares (see `data.corpus.TextCorpus.batches`), so the loop resumes any of them.
+        """
+        batches = LengthBucketBatchSampler(self.lengths, batch_size, seed).epoch_batches(epoch)
+        start = position or 0
+        for number, indices in enumerate(batches[start:], start=start + 1):
+            last = number == len(batches)
+            yield self.collate([self[i] for i in indices]), (None if last else number), last
+
 
 def collate(items: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """Pads every sequence field to the longest row in the batch (dynamic padding)."""

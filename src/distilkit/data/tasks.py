@@ -24,6 +24,7 @@ class TaskSpec:
     headerless_columns: tuple[str, ...] | None = None
     hub_name: str = ""  # name of the GLUE config on the Hugging Face hub
     dev_splits: tuple[str, ...] = ("dev",)
+    unlabeled: bool = False  # plain text, no labels (general distillation): scored by held-out loss
 
     @property
     def is_regression(self) -> bool:
@@ -88,6 +89,9 @@ GLUE_TASKS: dict[str, TaskSpec] = {
                  hub_name="wnli"),
     ]
 }
+
+# Task-agnostic distillation on a text corpus (data.corpus): one text column, no labels.
+UNLABELED = TaskSpec("unlabeled", ("text",), "", None, ("heldout_loss",), dev_splits=("heldout",), unlabeled=True)
 
 # Common spellings people type for the same task.
 _ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli"}

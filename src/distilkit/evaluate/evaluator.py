@@ -39,3 +39,23 @@ def evaluate_splits(student, datasets: dict[str, TokenizedDataset], task: TaskSp
         logits = predict_logits(student, dataset, batch_size, mixed_precision)
         results[split] = compute_metrics(task, logits, dataset.labels)
     return results
+
+
+@torch.inference_mode()
+def heldout_loss(student, method, teacher_source, dataset, batch_size: int, progress) -> float:
+    """The method's total distillation loss on held-out unlabeled text, averaged over examples.
+
+    How well the student imitates the teacher where it never trained (SRA Table 4's column): the
+    score of a task-agnostic stage. Uses `method.loss_terms` (not the training-step twist).
+    """
+    was_training = student.training
+    student.eval()
+    total, count = 0.0, 0
+    for batch, _, _ in dataset.batches(batch_size, seed=0, epoch=0, position=None):
+        terms = method.loss_terms(batch, student.features(batch, method.student_request()), teacher_source(batch),
+                                  progress)
+        size = int(batch["input_ids"].shape[0])
+        total += float(sum(terms.values())) * size
+        count += size
+    student.train(was_training)
+    return total / max(count, 1)

@@ -9,6 +9,10 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from distilkit.data.tasks import TaskSpec
 
 
+# metrics where a smaller value is better (the best checkpoint is the lowest)
+LOWER_IS_BETTER = frozenset({"heldout_loss"})
+
+
 def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
     return logits.reshape(-1) if task.is_regression else logits.argmax(-1)
 

@@ -45,7 +45,7 @@ class MethodContext:
     student: nn.Module  # a distilkit Student
     teacher: object | None  # a distilkit Teacher
     total_steps: int
-    train_size: int
+    train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
 
@@ -80,6 +80,10 @@ class Method(nn.Module):
     def prepare_batch(self, batch: dict, teacher) -> dict:
         return batch
 
+    def uses_labels(self) -> bool:
+        """True when the loss needs gold labels (so it cannot train on unlabeled or teacher-labelled data)."""
+        return False
+
     # shared pieces -----------------------------------------------------------------------------
 
     def label_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,28 @@ class Method(nn.Module):
         if self.ctx.task.is_regression:
             return losses.mse(logits.squeeze(-1), labels.float())
         return losses.hard_cross_entropy(logits, labels)
+
+    def gather_batch(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The rows of the global batch (every process's share, in rank order) and where ours start.
+
+        For in-batch negatives and shared memory banks under multi-process training. The result carries
+        no gradient: what is gathered (teacher outputs, example ids, memory-bank updates) needs none, and
+        each process's own rows keep theirs in the caller. Dimensions after the first are zero-padded to
+        the largest across processes (sequences of different lengths). One process: `tensor` as is.
+        """
+        accelerator = self.ctx.accelerator
+        if accelerator is None or accelerator.num_processes == 1:
+            return tensor.detach(), 0
+        from accelerate.utils import gather, pad_across_processes
+
+        sizes = gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()
+        padded = tensor.detach().contiguous()
+        for dim in range(tensor.ndim):
+            padded = pad_across_processes(padded, dim=dim)
+        rows = gather(padded)
+        per = padded.shape[0]
+        shares = [rows[rank * per: rank * per + size] for rank, size in enumerate(sizes)]
+        return torch.cat(shares), sum(sizes[:accelerator.process_index])
 
     def layer_map(self, explicit: list[int] | None) -> list[int]:
         """Teacher layer (1-based) for each student layer 1..M: explicit, or uniform every k-th."""

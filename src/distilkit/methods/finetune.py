@@ -14,5 +14,8 @@ class Finetune(Method):
     class Params(MethodParams):
         name: Literal["finetune"] = "finetune"
 
+    def uses_labels(self):
+        return True
+
     def loss_terms(self, batch, student, teacher, progress):
         return {"label": self.label_loss(student.logits, batch["labels"])}

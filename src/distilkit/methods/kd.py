@@ -5,6 +5,11 @@ L = w_soft · T² · KL(softmax(zᵀ/T) ‖ softmax(zˢ/T)) + w_hard · CE(y, so
 The T² factor (Hinton §2) keeps the soft term's gradients the same size whatever T is, so the
 two weights mean the same thing at every temperature. For regression (STS-B) both terms are MSE:
 to the teacher's prediction and to the label.
+
+`objective: logit_mse` is Tang et al. (2019, "Distilling task-specific knowledge from BERT into
+simple neural networks", eq. 2): the soft term becomes ‖zᵀ − zˢ‖², matching logits directly
+(their BiLSTM_KD, and SRA's "+KD"). Their L = α·CE + (1−α)·L_distill is hard_weight = α,
+soft_weight = 1 − α.
 """
 
 from typing import Literal
@@ -26,13 +31,17 @@ class KD(Method):
         temperature: float = Field(2.0, gt=0)
         soft_weight: float = Field(1.0, ge=0)
         hard_weight: float = Field(0.0, ge=0)
+        objective: Literal["kl", "logit_mse"] = "kl"
+
+    def uses_labels(self):
+        return self.params.hard_weight > 0
 
     def teacher_request(self):
         return FeatureRequest(logits=True)
 
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
-        if self.ctx.task.is_regression:
+        if self.ctx.task.is_regression or p.objective == "logit_mse":
             soft = losses.mse(student.logits, teacher.logits)
         else:
             soft = p.temperature ** 2 * losses.kl_divergence(student.logits, teacher.logits, p.temperature)

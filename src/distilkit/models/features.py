@@ -61,6 +61,7 @@ class Features:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, T, D)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, T)
     logits: torch.Tensor | None = None  # (B, C)
+    sentence: torch.Tensor | None = None  # (B, D) a student's own sentence vector (the SRA BiLSTM's S_x)
 
     def cls(self, layer: int) -> torch.Tensor:
         return self.hidden[layer][:, 0]

@@ -87,8 +87,10 @@ class TransformerStudent(Student):
         return self.model.get_input_embeddings()
 
     def save(self, directory: Path, tokenizer, metadata: dict) -> None:
+        """A task student saves with its head; a task-agnostic one (task "unlabeled") as a plain encoder
+        (`AutoModel`), which any task then loads with `student.init: pretrained` and a fresh head."""
         directory = Path(directory)
-        model = self.model
+        model = self.model.base_model if metadata.get("task") == "unlabeled" else self.model
         set_attention_scores(model, False)  # a saved model runs anywhere with the default kernel
         model.save_pretrained(directory)
         if tokenizer is not None:
@@ -206,3 +208,5 @@ def copy_teacher_layers(teacher: PreTrainedModel, student: PreTrainedModel, chos
 
 
 register_student("transformer", _build_transformer, TransformerStudent.load)
+
+from distilkit.models import bilstm  # noqa: E402,F401  (registers the SRA BiLSTM student)

@@ -17,13 +17,13 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from distilkit.data.dataset import LengthBucketBatchSampler
-from distilkit.evaluate.evaluator import evaluate_splits
+from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
+from distilkit.evaluate.metrics import LOWER_IS_BETTER
 from distilkit.methods.base import Progress
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
@@ -58,9 +58,12 @@ def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int) 
     return math.ceil(math.ceil(num_examples / batch_size) / grad_accumulation)
 
 
-def total_steps(num_examples: int, train_cfg) -> int:
+def total_steps(num_examples: int | None, train_cfg) -> int:
+    """Optimizer steps of the run; a streamed corpus (size unknown: None) must say train.max_steps."""
     if train_cfg.max_steps:
         return train_cfg.max_steps
+    if num_examples is None:
+        raise ValueError("a streamed corpus has no known size: set train.max_steps")
     return max(1, math.ceil(train_cfg.epochs * steps_per_epoch(num_examples, train_cfg.batch_size,
                                                                 train_cfg.grad_accumulation)))
 
@@ -72,6 +75,13 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
             continue
         (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_accelerator(mixed_precision: str) -> Accelerator:
+    """CPU Accelerator. Under multi-process training DDP must tolerate parameters a step leaves unused:
+    methods with stages use some parts (e.g. the classifier) in some steps only."""
+    return Accelerator(cpu=True, mixed_precision=mixed_precision,
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
 
 
 def peak_rss_mb() -> float:
@@ -98,7 +108,7 @@ class Distiller:
         self.eval_data = eval_data
         self.out_dir = Path(out_dir)
         self.save_student = save_student  # (student, directory) -> None
-        self.accelerator = accelerator or Accelerator(cpu=True, mixed_precision=config.train.mixed_precision)
+        self.accelerator = accelerator or make_accelerator(config.train.mixed_precision)
 
     def _split(self, batch: dict) -> dict:
         """This process's share of the global batch (multi-process data parallelism)."""
@@ -109,7 +119,12 @@ class Distiller:
         per = math.ceil(size / world)
         return {k: v[rank * per: (rank + 1) * per] for k, v in batch.items()}
 
-    def evaluate(self) -> dict:
+    def evaluate(self, step: int = 0, total: int = 1) -> dict:
+        if self.task.unlabeled:  # no labels: the distillation loss on held-out text is the score
+            progress = Progress(min(step, total - 1), total)
+            return {split: {"heldout_loss": heldout_loss(self.student, self.method, self.teacher_source, data,
+                                                         self.cfg.eval.batch_size, progress)}
+                    for split, data in self.eval_data.items()}
         return evaluate_splits(self.student, self.eval_data, self.task, self.cfg.eval.batch_size,
                                self.cfg.train.mixed_precision)
 
@@ -124,16 +139,18 @@ class Distiller:
         torch.manual_seed(cfg.seed)
         module = TrainModule(self.student, self.method)
         optimizer = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
-        n_total = total_steps(len(self.train_data), cfg)
+        n_total = total_steps(self.train_data.num_examples, cfg)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
-        sampler = LengthBucketBatchSampler(self.train_data.lengths, cfg.batch_size, cfg.seed)
-        batches_per_epoch = math.ceil(len(self.train_data) / cfg.batch_size)
 
-        state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_score": None, "best_step": None,
+        # position: where in the epoch the data source stands (opaque to the loop; None = epoch start)
+        state = {"step": 0, "epoch": 0, "position": None, "best_score": None, "best_step": None,
                  "train_seconds": 0.0, "examples": 0, "evals": []}
         checkpoint = latest_checkpoint(self.out_dir)
         if checkpoint is not None:
-            state.update(load_checkpoint(checkpoint, module, optimizer, scheduler))
+            loaded = load_checkpoint(checkpoint, module, optimizer, scheduler)
+            if "batch_in_epoch" in loaded:  # checkpoints written before data sources had positions
+                loaded["position"] = loaded.pop("batch_in_epoch") or None
+            state.update(loaded)
             acc.print(f"resumed from {checkpoint} at step {state['step']}")
         wrapped, optimizer = acc.prepare(module, optimizer)
         log_file = open(self.out_dir / "log.jsonl", "a") if acc.is_main_process else None
@@ -152,18 +169,16 @@ class Distiller:
         clock = Stopwatch(state["train_seconds"])  # training time only: evaluation and checkpoints excluded
         module.train()
         while state["step"] < n_total:
-            sampler.set_epoch(state["epoch"], start_batch=state["batch_in_epoch"])
-            epoch_batches = list(sampler)
-            group: list[list[int]] = []
-            for position, indices in enumerate(epoch_batches, start=state["batch_in_epoch"]):
-                group.append(indices)
-                group_end = (position + 1) % cfg.grad_accumulation == 0 or position + 1 == batches_per_epoch
-                if not group_end:
+            group: list[dict] = []
+            for batch, position, epoch_done in self.train_data.batches(cfg.batch_size, cfg.seed, state["epoch"],
+                                                                       state["position"]):
+                group.append(batch)
+                if len(group) < cfg.grad_accumulation and not epoch_done:
                     continue
                 progress = Progress(state["step"], n_total)
                 terms_sum: dict[str, float] = {}
-                for k, group_indices in enumerate(group):
-                    batch = self._split(self.train_data.collate([self.train_data[i] for i in group_indices]))
+                for k, full_batch in enumerate(group):
+                    batch = self._split(full_batch)
                     batch = self.method.prepare_batch(batch, self.teacher_source.teacher)
                     teacher_features = self.teacher_source(batch)
                     sync = k == len(group) - 1
@@ -173,7 +188,7 @@ class Distiller:
                     acc.backward(loss)
                     for name, value in terms.items():
                         terms_sum[name] = terms_sum.get(name, 0.0) + float(value.detach()) / len(group)
-                    state["examples"] += len(group_indices)
+                    state["examples"] += int(full_batch["input_ids"].shape[0])
                 if cfg.max_grad_norm:
                     acc.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
                 optimizer.step()
@@ -181,7 +196,7 @@ class Distiller:
                 optimizer.zero_grad(set_to_none=True)
                 group = []
                 state["step"] += 1
-                state["batch_in_epoch"] = position + 1
+                state["position"] = position
                 progress_bar.update(1)
                 for name, value in terms_sum.items():
                     running[name] = running.get(name, 0.0) + value
@@ -199,10 +214,9 @@ class Distiller:
                                 writer.add_scalar(f"train/{key}", value, step)
                     progress_bar.set_postfix(loss=f"{record['loss']:.4f}")
                     running, running_count = {}, 0
-                epoch_done = state["batch_in_epoch"] >= batches_per_epoch
                 if epoch_done:
                     state["epoch"] += 1
-                    state["batch_in_epoch"] = 0
+                    state["position"] = None
                 clock.pause()
                 state["train_seconds"] = clock.seconds
                 if step == n_total or (eval_every and step % eval_every == 0) or (not eval_every and epoch_done):
@@ -220,8 +234,10 @@ class Distiller:
         if log_file:
             log_file.close()
             writer.close()
-        return {"steps": state["step"], "epochs": round(state["step"] / max(1, math.ceil(
-                    batches_per_epoch / cfg.grad_accumulation)), 3),
+        known = self.train_data.num_examples
+        epochs = (state["step"] / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation) if known
+                  else state["epoch"])  # a streamed corpus: completed passes
+        return {"steps": state["step"], "epochs": round(epochs, 3),
                 "train_seconds": round(state["train_seconds"], 2), "train_examples": state["examples"],
                 "examples_per_second": round(state["examples"] / max(state["train_seconds"], 1e-9), 2),
                 "best_score": state["best_score"], "best_step": state["best_step"], "evals": state["evals"],
@@ -230,7 +246,7 @@ class Distiller:
     def _evaluate_and_keep_best(self, state: dict, writer, log_file) -> None:
         if not self.eval_data or not self.accelerator.is_main_process:
             return
-        results = self.evaluate()
+        results = self.evaluate(state["step"], total_steps(self.train_data.num_examples, self.cfg.train))
         score = self._score(results)
         state["evals"].append({"step": state["step"], **results})
         if log_file:
@@ -240,6 +256,7 @@ class Distiller:
             for split, metrics in results.items():
                 for name, value in metrics.items():
                     writer.add_scalar(f"eval/{split}/{name}", value, state["step"])
-        if score is not None and (state["best_score"] is None or score > state["best_score"]):
+        sign = -1 if self.task.main_metric in LOWER_IS_BETTER else 1
+        if score is not None and (state["best_score"] is None or sign * score > sign * state["best_score"]):
             state["best_score"], state["best_step"] = score, state["step"]
             self.save_student(self.student, self.out_dir / "best")

@@ -1,0 +1,227 @@
+"""Data augmentation for task distillation: more task-like inputs for the teacher to label.
+
+Two schemes share one source of replacement words, the teacher's masked-language-model candidates
+(`models/mlm.py`: its MLM head, or the tied word-embedding projection when it has none):
+
+- `tinybert` (Jiao et al. 2020, Alg. 1): every word that is one word piece is replaced, with
+  probability p_t = 0.4, by one of its K = 15 MLM candidates; words of several pieces by one of
+  their K GloVe neighbours when `vectors` is given (else kept). N_a = 20 copies per example.
+- `tang` (Tang et al. 2019, §3.2): per word, [MASK] with p_mask = 0.1, else replaced with
+  p_pos = 0.1 (by a same-part-of-speech word in the paper; here by an MLM candidate, since no
+  tagger is at hand); then, with p_ng = 0.25, the text is cut to a random n-gram (n = 1..5).
+
+`candidates_from: embeddings` takes instead the word's nearest neighbours (cosine) in the teacher's
+own word-embedding table, a GloVe stand-in. It exists because our default teacher, all-MiniLM-L6-v2,
+was trained as a sentence encoder: its top layer projected on the tied embeddings proposes the same
+unrelated words at every position ("pilgrims", "python", "bert" for "the movie was really [MASK]"),
+while its embedding table gives good → excellent, great, nice; movie → movies, film, cinema.
+
+MLM candidates come from one teacher pass per 1/7 of the words: every 7th word is masked at once
+(≈15%, BERT's own masking rate) instead of one word per pass as in TinyBERT, 7 passes per
+example instead of one per word.
+
+The transfer set is the originals plus the copies, all WITHOUT gold labels: the teacher labels
+them during distillation. It is cached on disk as JSON lines, keyed by the data, the MLM's
+weights and the settings, so every run and method reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from distilkit.config import AugmentConfig
+from distilkit.data.readers import DataError, Example
+
+MASK_STRIDE = 7
+PAPER_PROBABILITIES = {"tinybert": {"replace": 0.4, "mask": 0.0, "ngram": 0.0},
+                       "tang": {"replace": 0.1, "mask": 0.1, "ngram": 0.25}}
+GLOVE_POOL = 100_000  # neighbours are searched among the most frequent words of the vectors file
+
+
+def probabilities(cfg: AugmentConfig) -> dict[str, float]:
+    paper = PAPER_PROBABILITIES[cfg.scheme]
+    return {"replace": paper["replace"] if cfg.replace_probability is None else cfg.replace_probability,
+            "mask": paper["mask"] if cfg.mask_probability is None else cfg.mask_probability,
+            "ngram": paper["ngram"] if cfg.ngram_probability is None else cfg.ngram_probability}
+
+
+class Candidates:
+    """Replacement words for every word of a text, from the teacher's MLM (and GloVe when given)."""
+
+    def __init__(self, model_name: str, k: int, vectors: str | None = None, batch_size: int = 64,
+                 source: str = "mlm"):
+        from distilkit.models.student import load_tokenizer
+        from distilkit.models.teacher import Teacher
+
+        self.teacher = Teacher(model_name)
+        self.tokenizer = load_tokenizer(model_name)
+        self.k = k
+        self.batch_size = batch_size
+        vocab = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
+        # candidates must be whole words: no special tokens, no "##" continuation pieces, no [unused]
+        self.allowed = torch.tensor([t.isalpha() or (t.isalnum() and not t.startswith("##")) for t in vocab])
+        self.vocab = vocab
+        self.glove = GloveNeighbours(Path(vectors), k) if vectors else None
+        self.source = source
+        if source == "embeddings":
+            from distilkit.models.mlm import word_embeddings
+
+            self.unit_embeddings = torch.nn.functional.normalize(word_embeddings(self.teacher.model).float(), dim=-1)
+
+    def single_piece(self, word: str) -> bool:
+        return len(self.tokenizer.tokenize(word)) == 1
+
+    @torch.inference_mode()
+    def for_example(self, texts: tuple[str, ...]) -> list[list[list[str]]]:
+        """[text][word] -> candidate words (empty when the word cannot be replaced)."""
+        from distilkit.models.mlm import mlm_logits
+
+        words = [t.split() for t in texts]
+        flat = [(ti, wi) for ti, ws in enumerate(words) for wi in range(len(ws))]
+        out = [[[] for _ in ws] for ws in words]
+        if self.source == "embeddings":
+            pieces = self.tokenizer([words[ti][wi] for ti, wi in flat], add_special_tokens=False)["input_ids"]
+            single = [(place, ids[0]) for place, ids in zip(flat, pieces) if len(ids) == 1]
+            if single:
+                ids = torch.tensor([i for _, i in single])
+                similarity = self.unit_embeddings[ids] @ self.unit_embeddings.T
+                similarity[:, ~self.allowed] = float("-inf")
+                similarity[torch.arange(len(ids)), ids] = float("-inf")
+                for ((ti, wi), _), best in zip(single, similarity.topk(self.k, dim=-1).indices.tolist()):
+                    out[ti][wi] = [self.vocab[i] for i in best]
+            flat = []  # no MLM passes
+        variants, targets = [], []
+        for offset in range(min(MASK_STRIDE, len(flat))):
+            chosen = [(ti, wi) for n, (ti, wi) in enumerate(flat) if n % MASK_STRIDE == offset
+                      and self.single_piece(words[ti][wi])]
+            if not chosen:
+                continue
+            masked = [list(ws) for ws in words]
+            for ti, wi in chosen:
+                masked[ti][wi] = self.tokenizer.mask_token
+            variants.append(tuple(" ".join(ws) for ws in masked))
+            targets.append(chosen)
+        for start in range(0, len(variants), self.batch_size):
+            group = variants[start: start + self.batch_size]
+            batch = self.tokenizer(*[list(c) for c in zip(*group)], padding=True, truncation=True,
+                                   max_length=256, return_tensors="pt")
+            hidden = self.teacher.model.base_model(**batch).last_hidden_state
+            for row, chosen in enumerate(targets[start: start + self.batch_size]):
+                positions = (batch["input_ids"][row] == self.tokenizer.mask_token_id).nonzero().flatten()
+                # masks appear in word order; truncation may have dropped the last ones
+                logits = mlm_logits(self.teacher.model, hidden[row, positions]).float()
+                logits[:, ~self.allowed] = float("-inf")
+                for (ti, wi), scores in zip(chosen, logits):
+                    original = words[ti][wi].lower()
+                    best = [self.vocab[i] for i in scores.topk(self.k + 1).indices.tolist()]
+                    out[ti][wi] = [w for w in best if w != original][: self.k]
+        if self.glove is not None:
+            for ti, ws in enumerate(words):
+                for wi, word in enumerate(ws):
+                    if not out[ti][wi]:
+                        out[ti][wi] = self.glove.neighbours(word)
+        return out
+
+
+class GloveNeighbours:
+    """K nearest words by cosine in a GloVe-format text file (word v1 ... vd per line)."""
+
+    def __init__(self, path: Path, k: int):
+        if not path.is_file():
+            raise DataError(f"GloVe vectors file {path} does not exist (data.augment.vectors)")
+        words, rows = [], []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.rstrip().split(" ")
+                if len(parts) < 3:
+                    continue
+                words.append(parts[0])
+                rows.append(np.asarray(parts[1:], dtype=np.float32))
+                if len(words) >= GLOVE_POOL:
+                    break
+        matrix = np.stack(rows)
+        self.matrix = matrix / np.linalg.norm(matrix, axis=1, keepdims=True).clip(1e-8)
+        self.index = {w: i for i, w in enumerate(words)}
+        self.words = words
+        self.k = k
+
+    def neighbours(self, word: str) -> list[str]:
+        i = self.index.get(word.lower())
+        if i is None:
+            return []
+        similarity = self.matrix @ self.matrix[i]
+        similarity[i] = -np.inf
+        return [self.words[j] for j in np.argsort(-similarity)[: self.k]]
+
+
+def altered_copy(words: list[list[str]], candidates: list[list[list[str]]], p: dict[str, float], mask_token: str,
+                 rng: random.Random) -> tuple[str, ...]:
+    """One augmented version of an example (all its texts) under the scheme's probabilities."""
+    texts = []
+    for ws, cs in zip(words, candidates):
+        new = []
+        for word, options in zip(ws, cs):
+            x = rng.random()
+            if x < p["mask"]:
+                new.append(mask_token)
+            elif x < p["mask"] + p["replace"] and options:
+                new.append(rng.choice(options))
+            else:
+                new.append(word)
+        if p["ngram"] and rng.random() < p["ngram"] and len(new) > 1:
+            n = rng.randint(1, min(5, len(new)))
+            start = rng.randint(0, len(new) - n)
+            new = new[start: start + n]
+        texts.append(" ".join(new))
+    return tuple(texts)
+
+
+def _cache_key(examples: list[Example], cfg: AugmentConfig, model_fingerprint: str) -> str:
+    digest = hashlib.sha256(cfg.model_dump_json(exclude={"max_examples", "model"}).encode())
+    digest.update(model_fingerprint.encode())
+    if cfg.vectors:
+        stat = Path(cfg.vectors).stat()
+        digest.update(f"{Path(cfg.vectors).resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    for e in examples:
+        digest.update(json.dumps(e.texts).encode())
+    return digest.hexdigest()[:24]
+
+
+def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path) -> list[Example]:
+    """Originals then copies, without labels, capped to cfg.max_examples; computed once and cached."""
+    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from)
+    path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
+    if not path.is_file():
+        start = time.perf_counter()
+        p = probabilities(cfg)
+        rng = random.Random(cfg.seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            for example in examples:
+                words = [t.split() for t in example.texts]
+                options = candidates.for_example(example.texts)
+                seen = {example.texts}
+                for _ in range(cfg.copies):
+                    copy = altered_copy(words, options, p, candidates.tokenizer.mask_token, rng)
+                    if copy not in seen:  # identical copies add nothing (Tang et al. keep unique ones)
+                        seen.add(copy)
+                        out.write(json.dumps(copy) + "\n")
+        os.replace(tmp, path)
+        seconds = time.perf_counter() - start
+        path.with_suffix(".json").write_text(json.dumps({"examples": len(examples), "seconds": round(seconds, 1),
+                                                         "settings": cfg.model_dump(), "model": mlm_model}))
+        print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
+    with open(path, encoding="utf-8") as f:
+        copies = [Example(tuple(json.loads(line)), None) for line in f]
+    transfer = [Example(e.texts, None) for e in examples] + copies
+    return transfer[: cfg.max_examples] if cfg.max_examples else transfer

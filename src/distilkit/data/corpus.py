@@ -1,0 +1,204 @@
+"""Unlabeled text corpora for task-agnostic distillation, streamed from disk.
+
+Files hold one paragraph (or one document) per line; a blank line ends a document. The corpus is
+read in chunks of about `chunk_lines` lines that always end at a document boundary, so no more
+than one chunk is ever in memory. Each chunk is sentence-split (pysbd), cut into examples, and
+served as shuffled, length-bucketed batches:
+
+- unit "sentence": one sentence per example (SRA distils sentence vectors);
+- unit "packed": consecutive sentences of a document packed up to `max_length` tokens (TinyBERT's
+  general distillation runs on such 128-token segments).
+
+Train / held-out split: a document is held out when a hash of its first line falls below
+`heldout_fraction`, so the split is the same on every run and machine and never overlaps. The
+held-out set is the first `heldout_examples` examples of held-out documents.
+
+Resuming mid-corpus: a position is (file, byte offset of the chunk, batches already served from
+it). Re-reading one chunk from that offset gives the same batches, so a resumed run continues
+exactly where it stopped without re-reading the corpus.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from distilkit.data.dataset import TokenizedDataset
+from distilkit.data.readers import DataError, Example
+
+UNITS = ("sentence", "packed")
+
+
+def resolve_corpus_files(patterns: list[str], data_dir: Path | None) -> list[Path]:
+    """Files matching each pattern (absolute, or relative to the working folder or the data folder), sorted."""
+    files: list[Path] = []
+    for pattern in patterns:
+        roots = [Path(".")] + ([data_dir] if data_dir is not None and not Path(pattern).is_absolute() else [])
+        matched: list[str] = []
+        for root in roots:
+            matched = sorted(glob.glob(str(root / Path(pattern).expanduser())))
+            if matched:
+                break
+        if not matched:
+            where = " or ".join(str(r.resolve()) for r in roots)
+            raise DataError(f"corpus pattern {pattern!r} matches no file (looked in {where}); "
+                            "set data.corpus.files to existing text files")
+        files += [Path(m) for m in matched if Path(m).is_file()]
+    return files
+
+
+def stable_seed(*parts) -> int:
+    """A seed from any JSON-able values, the same on every machine and Python run."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+class TextCorpus:
+    """A streamed corpus of unlabeled text: held-out set in memory, training batches read chunk by chunk."""
+
+    num_examples = None  # unknown until read: corpus runs are measured in steps (train.max_steps)
+
+    def __init__(self, files: list[Path], tokenizer, max_length: int, unit: str = "packed",
+                 heldout_fraction: float = 0.01, heldout_examples: int = 1000, chunk_lines: int = 2000):
+        if unit not in UNITS:
+            raise ValueError(f"corpus unit {unit!r} is not one of {UNITS}")
+        if not files:
+            raise DataError("the corpus has no files")
+        self.files = [Path(f) for f in files]
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.unit = unit
+        self.heldout_fraction = heldout_fraction
+        self.heldout_examples = heldout_examples
+        self.chunk_lines = chunk_lines
+        self._segmenter = None
+
+    # reading ------------------------------------------------------------------------------------
+
+    def _chunk_lines(self, file_index: int, offset: int) -> tuple[list[str], int]:
+        """Lines from `offset` up to a document boundary after `chunk_lines` lines (hard cap: 4×);
+        returns them and the offset where the next chunk starts."""
+        lines: list[str] = []
+        with open(self.files[file_index], "rb") as f:
+            f.seek(offset)
+            while True:
+                raw = f.readline()
+                if not raw:
+                    break
+                line = raw.decode("utf-8", errors="replace").strip()
+                lines.append(line)
+                if len(lines) >= self.chunk_lines and (not line or len(lines) >= 4 * self.chunk_lines):
+                    break
+            return lines, f.tell()
+
+    def _chunks(self, file_index: int = 0, offset: int = 0) -> Iterator[tuple[int, int, list[str]]]:
+        """(file index, chunk offset, lines) from a position to the end of the corpus."""
+        for index in range(file_index, len(self.files)):
+            size = self.files[index].stat().st_size
+            start = offset if index == file_index else 0
+            while start < size:
+                lines, end = self._chunk_lines(index, start)
+                yield index, start, lines
+                start = end
+
+    def _is_heldout(self, first_line: str) -> bool:
+        digest = hashlib.blake2b(first_line.encode("utf-8"), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2 ** 64 < self.heldout_fraction
+
+    @staticmethod
+    def _documents(lines: list[str]) -> list[list[str]]:
+        documents, current = [], []
+        for line in lines:
+            if line:
+                current.append(line)
+            elif current:
+                documents.append(current)
+                current = []
+        if current:
+            documents.append(current)
+        return documents
+
+    def _sentences(self, paragraph: str) -> list[str]:
+        if self._segmenter is None:
+            import pysbd
+
+            self._segmenter = pysbd.Segmenter(language="en", clean=False)
+        return [s.strip() for s in self._segmenter.segment(paragraph) if s.strip()]
+
+    def _examples(self, documents: list[list[str]]) -> list[str]:
+        """Texts of the examples cut from whole documents (sentences, or sentences packed to max_length)."""
+        if self.unit == "sentence":
+            return [s for document in documents for line in document for s in self._sentences(line)]
+        budget = self.max_length - 2  # room for [CLS] and [SEP]
+        texts: list[str] = []
+        for document in documents:
+            lengths = [len(ids) for ids in self.tokenizer(document, add_special_tokens=False)["input_ids"]]
+            units: list[tuple[str, int]] = []
+            for line, length in zip(document, lengths):
+                if length <= budget:  # a paragraph that fits needs no sentence splitting
+                    units.append((line, length))
+                    continue
+                sentences = self._sentences(line)
+                counts = self.tokenizer(sentences, add_special_tokens=False)["input_ids"] if sentences else []
+                units += [(s, len(ids)) for s, ids in zip(sentences, counts)]
+            packed, used = [], 0
+            for text, length in units:
+                if packed and used + length > budget:
+                    texts.append(" ".join(packed))
+                    packed, used = [], 0
+                packed.append(text)
+                used += length
+            if packed:
+                texts.append(" ".join(packed))
+        return texts
+
+    def _dataset(self, texts: list[str]) -> TokenizedDataset | None:
+        if not texts:
+            return None
+        return TokenizedDataset([Example((t,), None) for t in texts], self.tokenizer, self.max_length)
+
+    # the two splits -----------------------------------------------------------------------------
+
+    def heldout(self) -> TokenizedDataset:
+        """The held-out set: the first `heldout_examples` examples of held-out documents, in corpus order."""
+        texts: list[str] = []
+        for _, _, lines in self._chunks():
+            held = [d for d in self._documents(lines) if self._is_heldout(d[0])]
+            texts += self._examples(held)
+            if len(texts) >= self.heldout_examples:
+                break
+        if not texts:
+            raise DataError(f"the corpus has no held-out document (heldout_fraction={self.heldout_fraction}); "
+                            "raise data.corpus.heldout_fraction or add text")
+        return self._dataset(texts[: self.heldout_examples])
+
+    def batches(self, batch_size: int, seed: int, epoch: int, position: dict | None
+                ) -> Iterator[tuple[dict, dict | None, bool]]:
+        """Training batches of one pass over the corpus from `position`.
+
+        Yields (batch, position after it, last batch of the pass); the position is JSON-able.
+        """
+        from distilkit.data.dataset import LengthBucketBatchSampler
+
+        position = position or {"file": 0, "offset": 0, "batch": 0}
+        pending = None  # the last batch, held back until we know whether it ends the pass
+        served_any = False
+        for file_index, offset, lines in self._chunks(position["file"], position["offset"]):
+            train = [d for d in self._documents(lines) if not self._is_heldout(d[0])]
+            dataset = self._dataset(self._examples(train))
+            if dataset is None:
+                continue
+            sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, stable_seed(seed, epoch, file_index, offset))
+            start = position["batch"] if (file_index, offset) == (position["file"], position["offset"]) else 0
+            for number, indices in enumerate(sampler.epoch_batches(0)[start:], start=start + 1):
+                if pending is not None:
+                    yield pending[0], pending[1], False
+                pending = (dataset.collate([dataset[i] for i in indices]),
+                           {"file": file_index, "offset": offset, "batch": number})
+                served_any = True
+        if pending is not None:
+            yield pending[0], None, True
+        elif not served_any and position == {"file": 0, "offset": 0, "batch": 0}:
+            raise DataError("the corpus has no training text (every document is held out or empty)")
+

@@ -1,0 +1,159 @@
+"""LRC-BERT (Fu et al. 2021), latent-representation contrastive distillation.
+
+Transformer layers (eq. 3): L_Tⁱ = COS-NCE(hᵢˢ W, h_φ(i)ᵀ, H_φ(i)ᵀ) on the FFN output of student
+layer i (= hidden state i), its padding positions zeroed and the (l × d') matrix flattened, mapped by
+a learned W (d → d') and compared with teacher layer φ(i). The negatives H are the teacher outputs
+of the other samples of the batch (K = B − 1, the paper's 15 at batch 16); under multi-process
+training the other samples of the *global* batch, gathered from every process.
+Prediction layer: L_soft = KL(softmax(yᵀ/τ) ‖ softmax(yˢ/τ)) (eq. 4, τ = 1.1) and L_hard the
+cross-entropy with the gold label (eq. 5); both MSE for regression tasks.
+Total (eq. 6): L_total = α Σᵢ L_Tⁱ + β L_soft + γ L_hard, in two stages: the first 80% of the steps
+α:β:γ = 1:0:0, the rest 1:1:3.
+Gradient perturbation (eqs. 7-8): g = ∇_emb L_total at the student's embedding output,
+emb' = emb + ε·g/‖g‖₂, a second forward from emb', and the update comes from L'_total.
+
+Choices the paper leaves open, made here:
+- ‖g‖₂ is taken per example (over that example's l × d gradient), as in Miyato et al. (2017),
+  whom the paper follows: each sentence is pushed by exactly ε whatever the batch size or the other
+  sentences in the batch, and the perturbation needs no communication between processes.
+- Eq. (5) as printed smooths the one-hot label (softmax(y/τ)); the text says the hard loss fits
+  "the one-hot encoding of the real label", so L_hard is plain cross-entropy.
+- The pre-training stage (LRC-BERT vs LRC-BERT₁: COS-NCE only on unlabeled text) is this method with
+  `first_stage_fraction: 1.0`: weights 1:0:0 throughout, and then `loss_terms` never reads labels or
+  logits and the teacher needs no classification head. The unlabeled-corpus recipe is issue 6's.
+- `intermediate_loss: mse` is the paper's BERT_M ablation (TinyBERT's hidden MSE instead of COS-NCE).
+"""
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from distilkit import losses
+from distilkit.config import MethodParams, StrictModel
+from distilkit.methods.base import Method, projection, register_method, weighted
+from distilkit.models.features import FeatureRequest
+
+
+class StageWeights(StrictModel):
+    """α, β, γ of eq. (6)."""
+
+    alpha: float = Field(1.0, ge=0)  # transformer layers (COS-NCE)
+    beta: float = Field(0.0, ge=0)  # soft labels (KL)
+    gamma: float = Field(0.0, ge=0)  # hard labels (CE)
+
+    @property
+    def predicts(self) -> bool:
+        return bool(self.beta or self.gamma)
+
+
+def zero_padding(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, D) with the padding positions set to zero, so the flattened vectors compare real tokens only."""
+    return hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
+
+
+def other_rows(offset: int, n_local: int, n_global: int) -> torch.Tensor:
+    """For each local row (global index offset + r), the indices of every other row of the global batch."""
+    rows = torch.arange(n_global).expand(n_local, n_global)
+    own = torch.arange(offset, offset + n_local)[:, None]
+    return rows[rows != own].view(n_local, n_global - 1)
+
+
+def gradient_perturbation(gradient: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Eq. (7): ε·g/‖g‖₂ with ‖g‖₂ the norm of each example's (T, D) gradient."""
+    norms = gradient.flatten(1).norm(dim=1).clamp_min(1e-12)
+    return epsilon * gradient / norms.view(-1, *([1] * (gradient.ndim - 1)))
+
+
+@register_method
+class LRC(Method):
+    name = "lrc"
+
+    class Params(MethodParams):
+        name: Literal["lrc"] = "lrc"
+        layer_map: list[int] | None = None  # teacher layer φ(i) (1-based) for each student layer
+        intermediate_loss: Literal["cos_nce", "mse"] = "cos_nce"  # mse: the paper's BERT_M ablation
+        first_stage_fraction: float = Field(0.8, ge=0, le=1)  # 0: one stage (LRC-BERT₂); 1: pre-training
+        first_stage: StageWeights = Field(default_factory=lambda: StageWeights(alpha=1, beta=0, gamma=0))
+        second_stage: StageWeights = Field(default_factory=lambda: StageWeights(alpha=1, beta=1, gamma=3))
+        temperature: float = Field(1.1, gt=0)  # τ of eq. (4)
+        perturbation: bool = True  # eqs. (7)-(8); false is the paper's LRC-BERT_g
+        epsilon: float = Field(1.0, gt=0)  # size of the perturbation (eq. 7 has none, i.e. 1)
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.mapping = self.layer_map(params.layer_map)
+        # W of eq. (3), one per distilled layer pair
+        self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
+
+    # the two-stage schedule ----------------------------------------------------------------------
+
+    def weights(self, progress) -> StageWeights:
+        p = self.params
+        return p.first_stage if progress.before(p.first_stage_fraction) else p.second_stage
+
+    def _stages(self) -> list[StageWeights]:
+        """The stages that get any steps."""
+        p = self.params
+        return [w for w, used in ((p.first_stage, p.first_stage_fraction > 0),
+                                  (p.second_stage, p.first_stage_fraction < 1)) if used]
+
+    def teacher_request(self):
+        stages = self._stages()
+        return FeatureRequest(hidden=frozenset(self.mapping if any(w.alpha for w in stages) else []),
+                              logits=any(w.beta for w in stages))
+
+    def _request(self, weights: StageWeights) -> FeatureRequest:
+        layers = range(1, len(self.mapping) + 1)
+        return FeatureRequest(hidden=frozenset(layers if weights.alpha else []), logits=weights.predicts)
+
+    def student_request(self):
+        requests = [self._request(w) for w in self._stages()]
+        return requests[0] | requests[-1]
+
+    # eqs. (7)-(8) ---------------------------------------------------------------------------------
+
+    def training_step(self, student_model, batch, teacher, progress):
+        request = self._request(self.weights(progress))
+        if not self.params.perturbation:
+            return self.loss_terms(batch, student_model.features(batch, request), teacher, progress)
+        # ∇ w.r.t. the embedding output = ∇ w.r.t. a zero shift added to it
+        shift = torch.zeros(*batch["input_ids"].shape, student_model.width, requires_grad=True)
+        terms = self.loss_terms(batch, student_model.features(batch, request, embedding_delta=shift), teacher,
+                                progress)
+        (gradient,) = torch.autograd.grad(sum(terms.values()), shift)
+        delta = gradient_perturbation(gradient, self.params.epsilon)
+        return self.loss_terms(batch, student_model.features(batch, request, embedding_delta=delta), teacher,
+                               progress)
+
+    # eqs. (3)-(6) ---------------------------------------------------------------------------------
+
+    def loss_terms(self, batch, student, teacher, progress):
+        w = self.weights(progress)
+        transformer = soft = hard = None
+        if w.alpha:
+            transformer = sum(self.transformer_layer_loss(proj(student.hidden[s_layer]), teacher.hidden[t_layer],
+                                                          student.attention_mask)
+                              for s_layer, (t_layer, proj) in enumerate(zip(self.mapping, self.projections), start=1))
+        if w.beta:
+            soft = (losses.mse(student.logits, teacher.logits) if self.ctx.task.is_regression
+                    else losses.kl_divergence(student.logits, teacher.logits, self.params.temperature))
+        if w.gamma:
+            hard = self.label_loss(student.logits, batch["labels"])
+        return weighted({"transformer": (w.alpha, transformer), "soft": (w.beta, soft), "hard": (w.gamma, hard)})
+
+    def transformer_layer_loss(self, student_projected: torch.Tensor, teacher_hidden: torch.Tensor,
+                               attention_mask: torch.Tensor) -> torch.Tensor:
+        """Eq. (3) for one layer pair: COS-NCE against the teacher outputs of the rest of the global batch."""
+        if self.params.intermediate_loss == "mse":
+            return losses.hidden_mse(student_projected, teacher_hidden, attention_mask)
+        n_local, length = teacher_hidden.shape[:2]
+        teacher_rows, offset = self.gather_batch(zero_padding(teacher_hidden, attention_mask))
+        student_rows = zero_padding(student_projected, attention_mask)
+        # other processes' sequences may be longer: zero tokens at the end leave every cosine unchanged
+        student_flat = F.pad(student_rows, (0, 0, 0, teacher_rows.shape[1] - length)).flatten(1)
+        teacher_flat = teacher_rows.flatten(1)
+        negatives = teacher_flat[other_rows(offset, n_local, teacher_flat.shape[0])]
+        return losses.cos_nce(student_flat, teacher_flat[offset: offset + n_local], negatives)

@@ -1,0 +1,94 @@
+"""Data augmentation: teacher-MLM candidates, the two schemes' copies, GloVe neighbours, the on-disk cache,
+and a distillation run on the augmented transfer set."""
+
+import json
+import random
+
+import pytest
+
+from distilkit.config import AugmentConfig, build_config
+from distilkit.data import augment as augment_module
+from distilkit.data.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples
+from distilkit.data.readers import Example
+from distilkit.run import run_experiment
+from test_training import kd_config
+
+EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
+
+
+def test_mlm_candidates_are_whole_words_other_than_the_original(tiny_teacher):
+    candidates = Candidates(str(tiny_teacher), k=3)
+    options = candidates.for_example(EXAMPLES[0].texts)
+    assert [len(o) for o in options] == [6, 3]  # per text, per word
+    vocab = set(candidates.tokenizer.get_vocab())
+    for words, per_word in zip((t.split() for t in EXAMPLES[0].texts), options):
+        for word, choices in zip(words, per_word):
+            assert len(choices) == 3 and word not in choices
+            assert all(c in vocab and c.isalpha() and not c.startswith("[") for c in choices)
+
+
+def test_embedding_neighbour_candidates(tiny_teacher):
+    import torch
+
+    candidates = Candidates(str(tiny_teacher), k=2, source="embeddings")
+    table = candidates.unit_embeddings
+    good = candidates.tokenizer.convert_tokens_to_ids("good")
+    with torch.no_grad():  # make "great" and "fun" the nearest neighbours of "good" in the teacher's table
+        for word, mix in (("great", 0.9), ("fun", 0.8)):
+            i = candidates.tokenizer.convert_tokens_to_ids(word)
+            table[i] = torch.nn.functional.normalize(mix * table[good] + (1 - mix) * table[i], dim=-1)
+    (options,) = candidates.for_example(("good film",))
+    assert options[0] == ["great", "fun"]
+    assert len(options[1]) == 2 and "film" not in options[1]
+
+
+def test_schemes_replace_mask_and_cut_as_their_probabilities_say():
+    words = [["w%d" % i for i in range(2000)]]
+    options = [[["x"] for _ in range(2000)]]
+    rng = random.Random(0)
+    (tinybert,) = altered_copy(words, options, {"replace": 0.4, "mask": 0.0, "ngram": 0.0}, "[MASK]", rng)
+    replaced = tinybert.split().count("x") / 2000
+    assert abs(replaced - 0.4) < 0.04 and "[MASK]" not in tinybert
+    (tang,) = altered_copy(words, options, {"replace": 0.1, "mask": 0.1, "ngram": 0.0}, "[MASK]", rng)
+    assert abs(tang.split().count("[MASK]") / 2000 - 0.1) < 0.025 and abs(tang.split().count("x") / 2000 - 0.1) < 0.025
+    cuts = [altered_copy(words, options, {"replace": 0, "mask": 0, "ngram": 1.0}, "[MASK]", rng)[0] for _ in range(50)]
+    assert all(1 <= len(c.split()) <= 5 for c in cuts)
+    # a word without candidates is never replaced
+    (kept,) = altered_copy([["a", "b"]], [[[], []]], {"replace": 1.0, "mask": 0, "ngram": 0}, "[MASK]", rng)
+    assert kept == "a b"
+
+
+def test_glove_neighbours_by_cosine(tmp_path):
+    vectors = tmp_path / "glove.txt"
+    vectors.write_text("king 1 0 0\nqueen 0.9 0.1 0\napple 0 0 1\npear 0 0.2 0.9\nprince 0.8 0.3 0\n")
+    glove = GloveNeighbours(vectors, k=2)
+    assert glove.neighbours("King") == ["queen", "prince"]  # cos 0.994, 0.936 (apple 0, pear 0)
+    assert glove.neighbours("apple") == ["pear", "king"]  # cos 0.976, then 0 (ties broken by file order)
+    assert glove.neighbours("unknown") == []
+
+
+def test_augmented_set_is_cached_and_unlabelled(tmp_path, tiny_teacher, monkeypatch):
+    cfg = AugmentConfig(copies=4, candidates=3)
+    first = augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path)
+    assert first[:2] == [Example(e.texts, None) for e in EXAMPLES]
+    assert 2 < len(first) <= 2 + 2 * 4 and all(e.label is None for e in first)
+    assert len({e.texts for e in first}) == len(first)  # no duplicate copies
+    files = list((tmp_path / "augmented").glob("*.jsonl"))
+    assert len(files) == 1 and json.loads((files[0].with_suffix(".json")).read_text())["seconds"] >= 0
+    monkeypatch.setattr(augment_module.Candidates, "for_example", lambda *a: pytest.fail("recomputed"))
+    assert augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path) == first
+    assert len(augmented_examples(EXAMPLES, cfg.model_copy(update={"max_examples": 3}), str(tiny_teacher),
+                                  tmp_path)) == 3
+
+
+def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_teacher):
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "da", epochs=1)
+    config["method"] = {"name": "kd"}
+    config["data"].update({"max_train_examples": 20, "augment": {"scheme": "tang", "copies": 3, "candidates": 4}})
+    metrics = run_experiment(build_config(config))
+    assert 40 < metrics["train_examples_in_set"] <= 80 and metrics["teacher_forward_passes"] > 0
+    assert "accuracy" in metrics["final"]["dev"]
+    config["output"]["dir"] = str(tmp_path / "hard")
+    config["method"] = {"name": "kd", "hard_weight": 0.5}
+    with pytest.raises(ValueError, match="gold labels"):
+        run_experiment(build_config(config))
