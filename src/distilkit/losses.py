@@ -74,3 +74,25 @@ def pkd_normalized_distance(student_cls: torch.Tensor, teacher_cls: torch.Tensor
     student_unit = F.normalize(student_cls.float(), dim=-1)
     teacher_unit = F.normalize(teacher_cls.float(), dim=-1)
     return (student_unit - teacher_unit).pow(2).sum(-1).mean()
+
+
+def smooth_inputs(input_ids: torch.Tensor, mlm_ids: torch.Tensor, mlm_probs: torch.Tensor, lam: float,
+                  keep_one_hot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text Smoothing eq. (4): t̃ = λ·onehot(t) + (1−λ)·MLM(t), per position, in sparse form.
+
+    `mlm_ids`/`mlm_probs` (B, T, k) hold the teacher's MLM distribution over k candidate words per
+    position (k = vocabulary size gives eq. 4 exactly; smaller k keeps the top-k, renormalised, to
+    save memory). Returns (ids, weights), both (B, T, k+1): entry 0 is the input word with weight λ,
+    entries 1..k the candidates with weight (1−λ)·p; a word listed twice simply adds up. Positions
+    where `keep_one_hot` is True (special tokens, padding) stay one-hot. Every row sums to 1.
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must lie in [0, 1], got {lam}")
+    probs = mlm_probs.float() / mlm_probs.float().sum(-1, keepdim=True)
+    ids = torch.cat([input_ids.unsqueeze(-1), mlm_ids], dim=-1)
+    weights = torch.cat([torch.full_like(probs[..., :1], lam), (1.0 - lam) * probs], dim=-1)
+    if keep_one_hot is not None:
+        one_hot = torch.zeros_like(weights)
+        one_hot[..., 0] = 1.0
+        weights = torch.where(keep_one_hot.unsqueeze(-1), one_hot, weights)
+    return ids, weights

@@ -48,6 +48,7 @@ class MethodContext:
     train_size: int
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
+    train_data: object | None = None  # the TokenizedDataset (RefBERT pairs each example with a reference)
 
 
 class Method(nn.Module):

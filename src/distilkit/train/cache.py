@@ -100,6 +100,10 @@ class TeacherCache:
                                                                           if ".tmp" not in p.name)}, indent=1))
         return self.teacher.forward_passes - passes_before
 
+    def stored(self, key: str) -> np.ndarray:
+        """A stored feature as saved: hidden_i is (tokens, width), rows of example j at token_offsets[j:j+2]."""
+        return self._array(key)
+
     def _array(self, key: str) -> np.ndarray:
         if key not in self._arrays:
             self._arrays[key] = np.load(self._path(key), mmap_mode="r", allow_pickle=False)
