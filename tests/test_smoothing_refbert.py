@@ -70,6 +70,36 @@ def test_one_hot_soft_inputs_give_exactly_the_ordinary_forward():
     torch.testing.assert_close(mixed[0, 0], 0.5 * table[7] + 0.5 * table[8])
 
 
+def test_mlm_top_k_table_is_computed_once_and_read_back_padded(tmp_path, tiny_base_model):
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import Example
+    from distilkit.models.mlm import mlm_top_k
+    from distilkit.models.student import load_tokenizer
+    from distilkit.models.teacher import Teacher
+    from distilkit.train.cache import TeacherCache
+
+    teacher = Teacher(str(tiny_base_model))
+    texts = ["the film was good", "a dull boring plot and weak acting", "great"]
+    data = TokenizedDataset([Example((t,), 0) for t in texts], load_tokenizer(str(tiny_base_model)), 16)
+    request = FeatureRequest(hidden=frozenset({4}))
+
+    def derive(batch, features):
+        ids, probs = mlm_top_k(teacher.model, features.hidden[4], 3)
+        return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
+    TeacherCache(tmp_path, teacher, data).ensure_token_features("top3", request, derive)
+    passes = teacher.forward_passes
+    cache = TeacherCache(tmp_path, teacher, data)
+    cache.ensure_token_features("top3", request, derive)
+    assert teacher.forward_passes == passes > 0  # stored once, not recomputed
+    batch = data.collate([data[2], data[0]])
+    stored = cache.lookup_token_features("top3", ["ids", "probs"], batch)
+    live = derive(batch, teacher.features(batch, request))
+    real = batch["attention_mask"].bool()
+    assert torch.equal(stored["ids"][real], live["ids"][real])
+    assert torch.equal(stored["probs"][real], live["probs"][real])
+    assert stored["probs"][~real].abs().sum() == 0 and stored["ids"].dtype == torch.int32
+
+
 # --- RefBERT layer -------------------------------------------------------------------------------
 
 def _attention_pair(delta=0.0, reference_width=6):

@@ -88,7 +88,7 @@ def smooth_inputs(input_ids: torch.Tensor, mlm_ids: torch.Tensor, mlm_probs: tor
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lambda must lie in [0, 1], got {lam}")
-    probs = mlm_probs.float() / mlm_probs.float().sum(-1, keepdim=True)
+    probs = mlm_probs.float() / mlm_probs.float().sum(-1, keepdim=True).clamp_min(1e-12)
     ids = torch.cat([input_ids.unsqueeze(-1), mlm_ids], dim=-1)
     weights = torch.cat([torch.full_like(probs[..., :1], lam), (1.0 - lam) * probs], dim=-1)
     if keep_one_hot is not None:

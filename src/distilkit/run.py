@@ -158,7 +158,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     labels = torch.as_tensor(train_data.labels) if train_data.labels is not None else None
     ctx = MethodContext(task=task, student=student, teacher=teacher,
                         total_steps=total_steps(len(train_data), config.train), train_size=len(train_data),
-                        train_labels=labels, accelerator=accelerator, train_data=train_data)
+                        train_labels=labels, accelerator=accelerator, train_data=train_data,
+                        cache_dir=config.teacher.cache_dir)
     method = method_cls(config.method, ctx)
     request = method.teacher_request() if teacher is not None else None
     cache = None

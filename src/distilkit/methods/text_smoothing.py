@@ -14,9 +14,9 @@ adds Hinton's soft-label term T²·KL (the combination of smoothed texts and smo
 leaves to future work); it needs a fine-tuned teacher.model, and then `smoothing_teacher: minilm-l6`
 keeps the MLM step on the base model (a fine-tuned classifier's last layer no longer predicts words).
 
-The smoothing teacher reads the unchanged batch: when it is the run's teacher, h_L comes from the
-teacher cache; a separate smoothing_teacher runs live. The projection h_L·Eᵀ and its top-k run at
-every step (a V-wide product per token).
+The smoothing teacher reads the unchanged training set, so its MLM top-k (ids int32, probabilities
+float16) is computed once before training and kept in the teacher cache; a step only mixes in λ.
+(The projection h_L·Eᵀ over the whole vocabulary costs more than the teacher's forward pass.)
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
+from distilkit.models.hub import cache_root
 from distilkit.models.mlm import mlm_top_k, word_embeddings
+from distilkit.train.cache import TeacherCache
 
 
 def soft_word_embeddings(ids: torch.Tensor, weights: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -48,13 +50,9 @@ def special_token_ids(teacher) -> torch.Tensor:
     return torch.tensor(sorted(set(load_tokenizer(teacher.path).all_special_ids)), dtype=torch.long)
 
 
-def smoothed_tokens(teacher, batch: dict, last_hidden: torch.Tensor, special_ids: torch.Tensor, lam: float,
-                    top_k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (3)-(4) for a batch: (ids, weights) (B, T, k+1); special tokens and padding stay one-hot."""
-    with torch.no_grad():
-        mlm_ids, mlm_probs = mlm_top_k(teacher.model, last_hidden, top_k, temperature)
-        keep = torch.isin(batch["input_ids"], special_ids) | (batch["attention_mask"] == 0)
-        return losses.smooth_inputs(batch["input_ids"], mlm_ids, mlm_probs, lam, keep)
+def one_hot_positions(batch: dict, special_ids: torch.Tensor) -> torch.Tensor:
+    """Positions never smoothed: special tokens ([CLS], [SEP], ...) and padding."""
+    return torch.isin(batch["input_ids"], special_ids) | (batch["attention_mask"] == 0)
 
 
 @register_method
@@ -74,13 +72,11 @@ class TextSmoothing(Method):
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         student = ctx.student
+        teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
         if params.smoothing_teacher:
             from distilkit.models.teacher import Teacher
 
-            self.smoother = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
-        else:
-            self.smoother = ctx.teacher
-        teacher = self.smoother
+            teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
         if not hasattr(student, "word_embeddings"):
             raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
                              f"{student.kind!r} student has none: use student.kind=transformer")
@@ -93,20 +89,26 @@ class TextSmoothing(Method):
                              "classification head: point teacher.model at a fine-tuned teacher (and "
                              "method.smoothing_teacher at the base model) or set method.kd_weight=0")
         self.register_buffer("special_ids", special_token_ids(teacher), persistent=False)
+        if ctx.train_data is None:
+            raise ValueError("text_smoothing precomputes the MLM top-k of the training set: it needs ctx.train_data")
+        # eq. (1)-(3) once for the whole training set (and reused by later runs): the top-k table
+        self.table = TeacherCache(cache_root(ctx.cache_dir), teacher, ctx.train_data)
+        self.table_name = f"mlm-top{params.top_k}-t{params.mlm_temperature:g}"
+        last = FeatureRequest(hidden=frozenset({teacher.num_layers}))
 
-    def _last_layer_request(self) -> FeatureRequest:
-        return FeatureRequest(hidden=frozenset({self.smoother.num_layers}))
+        def top_k(batch, features):
+            ids, probs = mlm_top_k(teacher.model, features.hidden[teacher.num_layers], params.top_k,
+                                   params.mlm_temperature)
+            return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
+        self.table.ensure_token_features(self.table_name, last, top_k)
 
     def teacher_request(self):
-        own = self._last_layer_request() if self.smoother is self.ctx.teacher else FeatureRequest()
-        return own | FeatureRequest(logits=bool(self.params.kd_weight))
+        return FeatureRequest(logits=bool(self.params.kd_weight))
 
     def training_step(self, student_model, batch, teacher, progress):
-        p = self.params
-        source = teacher if self.smoother is self.ctx.teacher else self.smoother.features(
-            batch, self._last_layer_request())
-        ids, weights = smoothed_tokens(self.smoother, batch, source.hidden[self.smoother.num_layers],
-                                       self.special_ids, p.lam, p.top_k, p.mlm_temperature)
+        table = self.table.lookup_token_features(self.table_name, ["ids", "probs"], batch)
+        ids, weights = losses.smooth_inputs(batch["input_ids"], table["ids"].long(), table["probs"], self.params.lam,
+                                            one_hot_positions(batch, self.special_ids))
         embeds = soft_word_embeddings(ids, weights, student_model.word_embeddings().weight)
         return self.loss_terms(batch, student_model.features(batch, self.student_request(), inputs_embeds=embeds),
                                teacher, progress)
@@ -128,7 +130,9 @@ def sample_smoothed_sentences(teacher, tokenizer, text: str, samples: int = 5, l
     batch = dict(tokenizer([text], return_tensors="pt", truncation=True))
     last = teacher.num_layers
     hidden = teacher.features(batch, FeatureRequest(hidden=frozenset({last}))).hidden[last]
-    ids, weights = smoothed_tokens(teacher, batch, hidden, special_token_ids(teacher), lam, top_k, temperature)
+    mlm_ids, mlm_probs = mlm_top_k(teacher.model, hidden, top_k, temperature)
+    ids, weights = losses.smooth_inputs(batch["input_ids"], mlm_ids, mlm_probs, lam,
+                                        one_hot_positions(batch, special_token_ids(teacher)))
     positions = []  # per position: the distinct words and their summed weights
     for pos_ids, pos_weights in zip(ids[0], weights[0]):
         merged: dict[int, float] = {}
