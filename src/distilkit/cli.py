@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | recipe | evaluate | export | predict | submit | bench | demo`."""
+"""`distilkit finetune | distill | recipe | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 
@@ -255,6 +255,29 @@ def demo(data: Annotated[str | None, typer.Option(help="data folder holding glue
         run_demo(data, output, budget)
     except _user_errors() as err:
         _fail(err)
+
+
+@app.command("smooth-samples")
+def smooth_samples(text: Annotated[str, typer.Argument(help="the sentence to smooth")],
+                   teacher: Annotated[str, typer.Option(help="teacher folder or alias whose MLM smooths the text")] = "minilm-l6",
+                   samples: Annotated[int, typer.Option(help="how many unique fake sentences")] = 5,
+                   lam: Annotated[float, typer.Option(help="lambda of eq. 4: the original word's weight")] = 0.5,
+                   top_k: Annotated[int, typer.Option(help="MLM candidates kept per position")] = 32,
+                   temperature: Annotated[float, typer.Option(help="t in softmax(h·E^T/t)")] = 1.0,
+                   seed: int = 0) -> None:
+    """Text Smoothing's Figure 2: sample fake sentences from a sentence's smoothed words, with probabilities."""
+    from distilkit.methods.text_smoothing import sample_smoothed_sentences
+    from distilkit.models.student import load_tokenizer
+    from distilkit.models.teacher import Teacher
+
+    try:
+        if samples < 1 or not 0 <= lam <= 1 or top_k < 1 or temperature <= 0:
+            raise ValueError("need samples >= 1, 0 <= lam <= 1, top_k >= 1 and temperature > 0")
+        model = Teacher(teacher)
+        drawn = sample_smoothed_sentences(model, load_tokenizer(teacher), text, samples, lam, top_k, temperature, seed)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"text": text, "lam": lam, "top_k": top_k, "samples": drawn}, indent=2))
 
 
 def _quiet_libraries() -> None:

@@ -43,8 +43,8 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
     """ONNX with dynamic batch and sequence axes; fails unless it matches PyTorch within 1e-4."""
     model_dir = Path(model_dir)
     student = load_student(model_dir)
-    if not isinstance(student, TransformerStudent):
-        raise TypeError(f"ONNX export supports Transformer students; {model_dir} holds a {student.kind} student")
+    if not isinstance(student, TransformerStudent) or student.kind != "transformer":
+        raise TypeError(f"ONNX export supports plain Transformer students; {model_dir} holds a {student.kind} student")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

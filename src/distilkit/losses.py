@@ -127,3 +127,25 @@ def sra_cosine(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
     0 for parallel vectors, ½ for orthogonal ones, 1 for opposite ones; (B, D) each.
     """
     return (0.5 * (1 - F.cosine_similarity(teacher.float(), student.float(), dim=-1))).mean()
+
+
+def smooth_inputs(input_ids: torch.Tensor, mlm_ids: torch.Tensor, mlm_probs: torch.Tensor, lam: float,
+                  keep_one_hot: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text Smoothing eq. (4): t̃ = λ·onehot(t) + (1−λ)·MLM(t), per position, in sparse form.
+
+    `mlm_ids`/`mlm_probs` (B, T, k) hold the teacher's MLM distribution over k candidate words per
+    position (k = vocabulary size gives eq. 4 exactly; smaller k keeps the top-k, renormalised, to
+    save memory). Returns (ids, weights), both (B, T, k+1): entry 0 is the input word with weight λ,
+    entries 1..k the candidates with weight (1−λ)·p; a word listed twice simply adds up. Positions
+    where `keep_one_hot` is True (special tokens, padding) stay one-hot. Every row sums to 1.
+    """
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must lie in [0, 1], got {lam}")
+    probs = mlm_probs.float() / mlm_probs.float().sum(-1, keepdim=True).clamp_min(1e-12)
+    ids = torch.cat([input_ids.unsqueeze(-1), mlm_ids], dim=-1)
+    weights = torch.cat([torch.full_like(probs[..., :1], lam), (1.0 - lam) * probs], dim=-1)
+    if keep_one_hot is not None:
+        one_hot = torch.zeros_like(weights)
+        one_hot[..., 0] = 1.0
+        weights = torch.where(keep_one_hot.unsqueeze(-1), one_hot, weights)
+    return ids, weights

@@ -176,7 +176,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     ctx = MethodContext(task=task, student=student, teacher=teacher,
                         total_steps=total_steps(train_data.num_examples, config.train),
-                        train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator)
+                        train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator,
+                        train_data=train_data, cache_dir=config.teacher.cache_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "

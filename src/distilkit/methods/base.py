@@ -48,6 +48,8 @@ class MethodContext:
     train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
+    train_data: object | None = None  # the TokenizedDataset (RefBERT pairs each example with a reference)
+    cache_dir: str | None = None  # teacher.cache_dir, for teacher outputs a method stores itself
 
 
 class Method(nn.Module):

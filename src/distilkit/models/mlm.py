@@ -35,3 +35,15 @@ def mlm_logits(model: nn.Module, last_hidden: torch.Tensor) -> torch.Tensor:
 def mlm_distribution(model: nn.Module, last_hidden: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """P_MLM(·|x) per position (B, T, V) at temperature t (eq. 3 of Text Smoothing when there is no head)."""
     return torch.softmax(mlm_logits(model, last_hidden).float() / temperature, dim=-1)
+
+
+def mlm_top_k(model: nn.Module, last_hidden: torch.Tensor, k: int,
+              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely words per position and their probabilities renormalised over those k.
+
+    Softmax over the top-k logits equals the top-k of the full softmax divided by its mass, so the
+    (B, T, V) probability table is never kept. Returns (ids, probs), both (B, T, k).
+    """
+    logits = mlm_logits(model, last_hidden).float() / temperature
+    values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    return ids, torch.softmax(values, dim=-1)

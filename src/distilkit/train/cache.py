@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,54 @@ class TeacherCache:
             "teacher": self.teacher.name, "examples": n, "features": sorted(p.stem for p in self.dir.glob("*.npy")
                                                                           if ".tmp" not in p.name)}, indent=1))
         return self.teacher.forward_passes - passes_before
+
+    def ensure_token_features(self, name: str, request: FeatureRequest,
+                              derive: Callable[[dict, Features], dict[str, torch.Tensor]], batch_size: int = 16) -> None:
+        """Per-token arrays derived from teacher features (Text Smoothing's MLM top-k), computed once.
+
+        `derive(batch, features)` returns {part: (B, T, W) tensor}; each part is stored in its own dtype
+        as `<name>.<part>.npy`, rows at token_offsets like hidden states. `name` must identify the
+        derivation and its settings: teacher and data are already identified by the cache folder.
+        """
+        done = self.dir / f"{name}.done.json"  # written last: all parts are complete
+        if done.is_file():
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        start = time.perf_counter()
+        for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
+            batch = self.dataset.collate([self.dataset[i] for i in indices])
+            derived = {part: value.numpy() for part, value in derive(batch, self.teacher.features(batch, request)).items()}
+            for part, value in derived.items():
+                if part not in arrays:
+                    arrays[part] = np.lib.format.open_memmap(
+                        self.dir / f"{name}.{part}.{os.getpid()}.tmp.npy", mode="w+", dtype=value.dtype,
+                        shape=(int(self.token_offsets[-1]), value.shape[-1]))
+                for row, index in enumerate(indices):
+                    start_at = self.token_offsets[index]
+                    arrays[part][start_at: self.token_offsets[index + 1]] = value[row, : self.dataset.lengths[index]]
+        for part, array in arrays.items():
+            array.flush()
+            os.replace(array.filename, self._path(f"{name}.{part}"))
+        self.compute_seconds += time.perf_counter() - start
+        done.write_text(json.dumps({"parts": sorted(arrays), "seconds": round(time.perf_counter() - start, 2)}))
+
+    def lookup_token_features(self, name: str, parts: list[str], batch: dict) -> dict[str, torch.Tensor]:
+        """Stored per-token arrays of the batch's examples, zero-padded like the batch: {part: (B, T, W)}."""
+        ids = batch["example_ids"].tolist()
+        size, longest = batch["attention_mask"].shape
+        out = {}
+        for part in parts:
+            source = self._array(f"{name}.{part}")
+            padded = np.zeros((size, longest, source.shape[1]), dtype=source.dtype)
+            for row, index in enumerate(ids):
+                padded[row, : self.dataset.lengths[index]] = source[self.token_offsets[index]: self.token_offsets[index + 1]]
+            out[part] = torch.from_numpy(padded)
+        return out
+
+    def stored(self, key: str) -> np.ndarray:
+        """A stored feature as saved: hidden_i is (tokens, width), rows of example j at token_offsets[j:j+2]."""
+        return self._array(key)
 
     def _array(self, key: str) -> np.ndarray:
         if key not in self._arrays:

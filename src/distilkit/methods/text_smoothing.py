@@ -1,0 +1,161 @@
+"""Text Smoothing (Wu et al. 2020), "Distilling Knowledge from Pre-trained Language Models via Text Smoothing".
+
+Text smoothing (eq. 1-4): the teacher reads the input unmasked; from its last layer h_L comes the
+MLM distribution MLM(t) = softmax(h_L·Eᵀ/t) (or the teacher's real MLM head, models/mlm.py), and
+the input words are mixed with it: t̃ = λ·t + (1−λ)·MLM(t) (losses.smooth_inputs). Only the top-k
+words per position are kept, renormalised (`top_k`), so a smoothed token is k+1 (word, weight) pairs.
+
+Student learning: the student reads t̃ as soft word ids — its input embedding is t̃·E_student —
+and learns the task labels. At inference it reads ordinary ids. The student starts from the
+teacher's embeddings and first n layers (student.layer_selection: first, the paper's setting).
+
+The paper smooths with a teacher that is not fine-tuned (teacher.model: minilm-l6). `kd_weight` > 0
+adds Hinton's soft-label term T²·KL (the combination of smoothed texts and smoothed labels the paper
+leaves to future work); it needs a fine-tuned teacher.model, and then `smoothing_teacher: minilm-l6`
+keeps the MLM step on the base model (a fine-tuned classifier's last layer no longer predicts words).
+
+The smoothing teacher reads the unchanged training set, so its MLM top-k (ids int32, probabilities
+float16) is computed once before training and kept in the teacher cache; a step only mixes in λ.
+(The projection h_L·Eᵀ over the whole vocabulary costs more than the teacher's forward pass.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from distilkit import losses
+from distilkit.config import MethodParams
+from distilkit.methods.base import Method, register_method, weighted
+from distilkit.models.features import FeatureRequest
+from distilkit.models.hub import cache_root
+from distilkit.models.mlm import mlm_top_k, word_embeddings
+from distilkit.train.cache import TeacherCache
+
+
+def soft_word_embeddings(ids: torch.Tensor, weights: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """t̃·E for soft word ids given as (ids, weights) (B, T, K): Σ_k w_k·E[id_k] per position, (B, T, D)."""
+    flat = F.embedding_bag(ids.reshape(-1, ids.shape[-1]), table,
+                           per_sample_weights=weights.reshape(-1, ids.shape[-1]).to(table.dtype), mode="sum")
+    return flat.view(*ids.shape[:-1], table.shape[-1])
+
+
+def special_token_ids(teacher) -> torch.Tensor:
+    """Ids that are never smoothed ([CLS], [SEP], [PAD], ...): from the teacher's tokenizer."""
+    from distilkit.models.student import load_tokenizer
+
+    return torch.tensor(sorted(set(load_tokenizer(teacher.path).all_special_ids)), dtype=torch.long)
+
+
+def one_hot_positions(batch: dict, special_ids: torch.Tensor) -> torch.Tensor:
+    """Positions never smoothed: special tokens ([CLS], [SEP], ...) and padding."""
+    return torch.isin(batch["input_ids"], special_ids) | (batch["attention_mask"] == 0)
+
+
+@register_method
+class TextSmoothing(Method):
+    name = "text_smoothing"
+
+    class Params(MethodParams):
+        name: Literal["text_smoothing"] = "text_smoothing"
+        lam: float = Field(0.5, ge=0, le=1)  # λ of eq. (4): the original word's weight
+        top_k: int = Field(32, ge=1)  # MLM candidates kept per position
+        mlm_temperature: float = Field(1.0, gt=0)  # t in softmax(h_L·Eᵀ/t); the paper has none (t = 1)
+        smoothing_teacher: str | None = None  # a separate model for the MLM step; default: teacher.model
+        label_weight: float = Field(1.0, ge=0)
+        kd_weight: float = Field(0.0, ge=0)  # > 0 adds the soft-label KD term (needs a fine-tuned teacher)
+        kd_temperature: float = Field(2.0, gt=0)
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        student = ctx.student
+        teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
+        if params.smoothing_teacher:
+            from distilkit.models.teacher import Teacher
+
+            teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
+        if not hasattr(student, "word_embeddings"):
+            raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
+                             f"{student.kind!r} student has none: use student.kind=transformer")
+        s_vocab, t_vocab = student.word_embeddings().num_embeddings, word_embeddings(teacher.model).shape[0]
+        if s_vocab != t_vocab:
+            raise ValueError(f"the student's vocabulary ({s_vocab}) differs from the teacher's ({t_vocab}): "
+                             "soft word ids need the teacher's tokenizer and vocabulary")
+        if params.kd_weight and not ctx.teacher.has_head:
+            raise ValueError(f"kd_weight > 0 needs the teacher's logits, but {ctx.teacher.name} has no "
+                             "classification head: point teacher.model at a fine-tuned teacher (and "
+                             "method.smoothing_teacher at the base model) or set method.kd_weight=0")
+        self.register_buffer("special_ids", special_token_ids(teacher), persistent=False)
+        if ctx.train_data is None:
+            raise ValueError("text_smoothing precomputes the MLM top-k of the training set: it needs ctx.train_data")
+        # eq. (1)-(3) once for the whole training set (and reused by later runs): the top-k table
+        self.table = TeacherCache(cache_root(ctx.cache_dir), teacher, ctx.train_data)
+        self.table_name = f"mlm-top{params.top_k}-t{params.mlm_temperature:g}"
+        last = FeatureRequest(hidden=frozenset({teacher.num_layers}))
+
+        def top_k(batch, features):
+            ids, probs = mlm_top_k(teacher.model, features.hidden[teacher.num_layers], params.top_k,
+                                   params.mlm_temperature)
+            return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
+        self.table.ensure_token_features(self.table_name, last, top_k)
+
+    def teacher_request(self):
+        return FeatureRequest(logits=bool(self.params.kd_weight))
+
+    def training_step(self, student_model, batch, teacher, progress):
+        table = self.table.lookup_token_features(self.table_name, ["ids", "probs"], batch)
+        ids, weights = losses.smooth_inputs(batch["input_ids"], table["ids"].long(), table["probs"], self.params.lam,
+                                            one_hot_positions(batch, self.special_ids))
+        embeds = soft_word_embeddings(ids, weights, student_model.word_embeddings().weight)
+        return self.loss_terms(batch, student_model.features(batch, self.student_request(), inputs_embeds=embeds),
+                               teacher, progress)
+
+    def loss_terms(self, batch, student, teacher, progress):
+        p = self.params
+        kd = None
+        if p.kd_weight:
+            kd = (losses.mse(student.logits, teacher.logits) if self.ctx.task.is_regression
+                  else p.kd_temperature ** 2 * losses.kl_divergence(student.logits, teacher.logits, p.kd_temperature))
+        return weighted({"label": (p.label_weight, self.label_loss(student.logits, batch["labels"])),
+                         "kd": (p.kd_weight, kd)})
+
+
+def sample_smoothed_sentences(teacher, tokenizer, text: str, samples: int = 5, lam: float = 0.5, top_k: int = 32,
+                              temperature: float = 1.0, seed: int = 0, tries: int = 200) -> list[dict]:
+    """The paper's Figure 2: unique "fake sentences" drawn word by word from the smoothed text t̃,
+    each with its probability (the product of its words' probabilities), most probable first."""
+    batch = dict(tokenizer([text], return_tensors="pt", truncation=True))
+    last = teacher.num_layers
+    hidden = teacher.features(batch, FeatureRequest(hidden=frozenset({last}))).hidden[last]
+    mlm_ids, mlm_probs = mlm_top_k(teacher.model, hidden, top_k, temperature)
+    ids, weights = losses.smooth_inputs(batch["input_ids"], mlm_ids, mlm_probs, lam,
+                                        one_hot_positions(batch, special_token_ids(teacher)))
+    positions = []  # per position: the distinct words and their summed weights
+    for pos_ids, pos_weights in zip(ids[0], weights[0]):
+        merged: dict[int, float] = {}
+        for word, weight in zip(pos_ids.tolist(), pos_weights.tolist()):
+            merged[word] = merged.get(word, 0.0) + weight
+        words = [w for w, v in merged.items() if v > 0]
+        positions.append((torch.tensor(words), torch.tensor([merged[w] for w in words])))
+    generator = torch.Generator().manual_seed(seed)
+    found: dict[tuple[int, ...], float] = {}
+    for _ in range(tries):
+        if len(found) >= samples:
+            break
+        sentence, probability = [], 1.0
+        for words, probs in positions:
+            choice = int(torch.multinomial(probs, 1, generator=generator))
+            sentence.append(int(words[choice]))
+            probability *= float(probs[choice])
+        found[tuple(sentence)] = probability
+    kept = ~torch.isin(batch["input_ids"][0], special_token_ids(teacher))  # [CLS]/[SEP] are not shown
+    ranked = sorted(found.items(), key=lambda item: -item[1])
+    results = []
+    for sentence, probability in ranked:
+        words = tokenizer.convert_ids_to_tokens([w for w, show in zip(sentence, kept.tolist()) if show])
+        results.append({"sentence": tokenizer.convert_tokens_to_string(words), "words": words,
+                        "probability": probability})
+    return results
