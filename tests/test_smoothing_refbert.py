@@ -220,11 +220,11 @@ def test_cli_text_smoothing_with_kd_and_smooth_samples(tmp_path, glue_dir, tiny_
     assert len({s["sentence"] for s in drawn}) == 3
 
 
-def _config(glue_dir, out, teacher, **sections):
+def _config(glue_dir, out, teacher_model, **sections):
     from distilkit.config import build_config
 
     base = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 96},
-            "teacher": {"model": str(teacher)}, "student": {"layers": 2},
+            "teacher": {"model": str(teacher_model)}, "student": {"layers": 2},
             "train": {"epochs": 1, "batch_size": 16, "learning_rate": 1e-3, "mixed_precision": "no"},
             "output": {"dir": str(out)}}
     return build_config({**base, **sections})
@@ -278,3 +278,24 @@ def test_refbert_method_needs_a_refbert_student(tmp_path, glue_dir, tiny_teacher
 
     with pytest.raises(ValueError, match="student.kind=refbert"):
         build_run(_config(glue_dir, tmp_path / "x", tiny_teacher, method={"name": "refbert"}))
+
+
+def test_teacher_cache_false_leaves_no_store_behind(tmp_path, glue_dir, tiny_teacher, tiny_base_model):
+    """The MLM table and the reference features live in a temporary folder when teacher.cache is false."""
+    from distilkit.run import run_experiment
+
+    cache = tmp_path / "cache"
+    store = {"model": str(tiny_teacher), "cache": False, "cache_dir": str(cache)}
+    run_experiment(_config(glue_dir, tmp_path / "ts", tiny_teacher, teacher=store,
+                           student={"layers": 2, "layer_selection": "first"},
+                           method={"name": "text_smoothing", "top_k": 4, "smoothing_teacher": str(tiny_base_model)}))
+    run_experiment(_config(glue_dir, tmp_path / "ref", tiny_teacher, teacher=store, method={"name": "refbert"},
+                           student={"kind": "refbert", "init": "random", "layers": 2, "hidden": 16, "ffn": 32}))
+    assert not cache.exists() or not any(cache.rglob("*"))
+    assert (tmp_path / "ref" / "final" / "references" / "meta.json").is_file()  # the student keeps its own copy
+
+    store["cache"] = True
+    run_experiment(_config(glue_dir, tmp_path / "ts2", tiny_teacher, teacher=store,
+                           student={"layers": 2, "layer_selection": "first"},
+                           method={"name": "text_smoothing", "top_k": 4, "smoothing_teacher": str(tiny_base_model)}))
+    assert any(cache.rglob("*"))  # the check above can fail

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,7 @@ class BuiltRun:
     method: torch.nn.Module
     teacher_source: TeacherSource
     teacher_cache: TeacherCache | None
+    scratch: tempfile.TemporaryDirectory | None = None  # the method's store when teacher.cache is false
 
 
 def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
@@ -174,10 +176,12 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     student = build_student(config.student, teacher.model if teacher else None, task)
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
+    scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
+    store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
     ctx = MethodContext(task=task, student=student, teacher=teacher,
                         total_steps=total_steps(train_data.num_examples, config.train),
                         train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator,
-                        train_data=train_data, cache_dir=config.teacher.cache_dir)
+                        train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
@@ -190,7 +194,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if teacher is not None and config.teacher.cache and cacheable and not request.is_empty():
         cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
     source = TeacherSource(teacher, request or method.teacher_request(), cache)
-    return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache)
+    return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache, scratch)
 
 
 def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
@@ -237,7 +241,11 @@ def run_experiment(config: ExperimentConfig) -> dict:
                           teacher_source=run.teacher_source, train_data=run.train_data, eval_data=run.eval_data,
                           out_dir=out, save_student=save, accelerator=accelerator)
     start = time.perf_counter()
-    summary = distiller.train()
+    try:
+        summary = distiller.train()
+    finally:
+        if run.scratch is not None:
+            run.scratch.cleanup()
     wall = time.perf_counter() - start
     if not accelerator.is_main_process:
         return summary

@@ -14,6 +14,7 @@ The training loop knows only this interface; it never names a method.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -49,7 +50,9 @@ class MethodContext:
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
     train_data: object | None = None  # the TokenizedDataset (RefBERT pairs each example with a reference)
-    cache_dir: str | None = None  # teacher.cache_dir, for teacher outputs a method stores itself
+    # where a method keeps teacher outputs it computes itself (an MLM table, reference features): the
+    # teacher cache folder, or a temporary folder removed after the run when teacher.cache is false
+    store_dir: Path | None = None
 
 
 class Method(nn.Module):

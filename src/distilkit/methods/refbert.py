@@ -29,7 +29,6 @@ from distilkit.data.readers import Example
 from distilkit.methods.base import register_method
 from distilkit.methods.tinybert import TinyBERT
 from distilkit.models.features import FeatureRequest
-from distilkit.models.hub import cache_root
 from distilkit.models.refbert import RefBERTStudent, References
 from distilkit.train.cache import TeacherCache
 
@@ -51,7 +50,7 @@ def reference_texts(corpus: str, limit: int | None) -> list[Example]:
 
 
 def build_references(teacher, train_data: TokenizedDataset, corpus: str, limit: int | None,
-                     max_length: int, cache_dir: str | None = None) -> tuple[References, np.ndarray]:
+                     max_length: int, store_dir: Path) -> tuple[References, np.ndarray]:
     """The BM25 index and teacher store over the corpus, and each training example's reference (-1: none)."""
     from distilkit.models.student import load_tokenizer
 
@@ -60,7 +59,7 @@ def build_references(teacher, train_data: TokenizedDataset, corpus: str, limit: 
     examples = train_data.examples if from_train else reference_texts(corpus, limit)
     reference_data = TokenizedDataset(examples, tokenizer, max_length)
     last = teacher.num_layers
-    store = TeacherCache(cache_root(cache_dir), teacher, reference_data)
+    store = TeacherCache(store_dir, teacher, reference_data)
     store.ensure(FeatureRequest(hidden=frozenset({0, last})))
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     references = References.build(reference_data.input_ids, vocab, sorted(tokenizer.all_special_ids),
@@ -97,7 +96,7 @@ class RefBERT(TinyBERT):
             if ctx.train_data is None:
                 raise ValueError("method refbert pairs training examples with references: it needs ctx.train_data")
             references, pairs = build_references(ctx.teacher, ctx.train_data, params.reference_corpus,
-                                                 params.max_references, params.reference_max_length, ctx.cache_dir)
+                                                 params.max_references, params.reference_max_length, ctx.store_dir)
         ctx.student.references = references
         self.register_buffer("pairs", torch.from_numpy(pairs), persistent=False)
 

@@ -31,7 +31,6 @@ from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
-from distilkit.models.hub import cache_root
 from distilkit.models.mlm import mlm_top_k, word_embeddings
 from distilkit.train.cache import TeacherCache
 
@@ -92,7 +91,7 @@ class TextSmoothing(Method):
         if ctx.train_data is None:
             raise ValueError("text_smoothing precomputes the MLM top-k of the training set: it needs ctx.train_data")
         # eq. (1)-(3) once for the whole training set (and reused by later runs): the top-k table
-        self.table = TeacherCache(cache_root(ctx.cache_dir), teacher, ctx.train_data)
+        self.table = TeacherCache(ctx.store_dir, teacher, ctx.train_data)
         self.table_name = f"mlm-top{params.top_k}-t{params.mlm_temperature:g}"
         last = FeatureRequest(hidden=frozenset({teacher.num_layers}))
 
