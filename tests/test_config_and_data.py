@@ -23,6 +23,13 @@ def test_invalid_choice_names_field_and_allowed_values(tmp_path):
     assert "train.mixed_precision" in str(err.value) and "'bf16'" in str(err.value)
 
 
+@pytest.mark.parametrize("native, resolved", [(True, "bf16"), (False, "no")])
+def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch, native, resolved):
+    monkeypatch.setattr("distilkit.config.cpu_has_native_bf16", lambda: native)
+    assert load_config(None, ["teacher.model=x"]).train.mixed_precision == resolved
+    assert load_config(None, ["teacher.model=x", "train.mixed_precision=bf16"]).train.mixed_precision == "bf16"
+
+
 def test_unknown_field_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="train.learnig_rate"):
         load_config(write(tmp_path, "train: {learnig_rate: 0.1}\n"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from distilkit.config import cpu_has_native_bf16
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.tasks import TaskSpec
 from distilkit.evaluate.evaluator import predict_logits
@@ -84,6 +85,8 @@ def format_record(fmt: str, student: Deployment, teacher: Deployment, dev: Token
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if fmt.startswith("onnx") and student.model().kind != "transformer":
         return {"skipped": f"ONNX export supports Transformer students, not {student.model().kind}"}
+    if fmt == "pytorch_bf16" and not cpu_has_native_bf16():
+        return {"skipped": "this CPU has no native bf16 (AVX512-BF16 or AMX): PyTorch would emulate it"}
     teacher_speed = measure(teacher.runner(fmt), dev, **settings)
     student_speed = measure(student.runner(fmt), dev, **settings)
     return {"teacher": teacher_speed, "student": student_speed, "speedup": speedup(student_speed, teacher_speed),
