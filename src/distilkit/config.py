@@ -149,7 +149,7 @@ class TrainConfig(StrictModel):
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     grad_accumulation: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    mixed_precision: Literal["auto", "no", "bf16"] = "auto"  # auto: bf16 where the CPU has it natively
+    mixed_precision: Literal["auto", "no", "bf16"] = Field("auto", validate_default=True)  # auto: bf16 if native
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
