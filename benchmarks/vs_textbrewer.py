@@ -9,7 +9,7 @@ linear decay, gradient clipping at 1.0, seed 42. Both sides get the same student
 
 - distilkit: `tinybert` with `schedule: joint` (every term at every step) and attention_weight 0;
   its defaults otherwise: teacher outputs cached once, length-bucketed dynamic padding, bf16
-  autocast (`--distilkit-precision no` for fp32).
+  autocast where the CPU has native bf16 and fp32 elsewhere (`--distilkit-precision no|bf16` forces one).
 - TextBrewer: `GeneralDistiller` with kd_loss_type "ce", hard_label_weight 0 and hidden_mse
   matches with ["linear", 312, 384] projections, fp32, a shuffled DataLoader padded to max length as
   in TextBrewer's examples (`--textbrewer-padding dynamic` pads per batch instead).
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TEACHER = "/work/main/benchmarks/work/teachers/sst2/best"
+DEFAULT_TEACHER = str(ROOT / "benchmarks/work/teachers/sst2/best")
 
 
 def distilkit_config(args, work: Path, precision: str) -> dict:
@@ -73,7 +73,7 @@ def run_distilkit(args, work: Path) -> dict:
     ends = [r["train_seconds"] for r in evals]
     epochs = [b - a for a, b in zip([0.0] + ends, ends)]
     epochs[0] += metrics["teacher_cache_seconds"]
-    return {"tool": "distilkit", "dtype": args.distilkit_precision if args.distilkit_precision != "no" else "fp32",
+    return {"tool": "distilkit", "dtype": "bf16" if config.train.mixed_precision == "bf16" else "fp32",
             "padding": "dynamic, length-bucketed", "epoch_seconds": epochs, "total_seconds": sum(epochs),
             "teacher_cache_seconds": metrics["teacher_cache_seconds"],
             "examples_per_second": metrics["train_examples"] / sum(epochs),
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--distilkit-precision", choices=["bf16", "no"], default="bf16")
+    parser.add_argument("--distilkit-precision", choices=["auto", "bf16", "no"], default="auto")
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer")

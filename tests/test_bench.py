@@ -95,6 +95,20 @@ def test_report_from_fixture_records(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+
+def test_report_says_which_runs_came_from_another_machine_or_dtype(tmp_path):
+    same = [fixture_record("kd", "S3-384", 0.85, 0.845, 6.0), fixture_record("finetune", "S3-384", 0.81, 0.81, 5.0)]
+    assert "Machine: Test CPU, 2 cores; torch 2.x, transformers 5.x. Training dtype: bf16 autocast." in \
+        render_report(same, tmp_path).read_text()
+    other = fixture_record("pkd", "S3-384", 0.80, 0.80, 5.0)
+    other["environment"] |= {"cpu": "Other CPU", "cpu_capability": "AVX2", "native_bf16": False}
+    other["config"]["train"]["mixed_precision"] = "no"
+    report = render_report(same + [other], tmp_path).read_text()
+    assert "- Other CPU (AVX2, native bf16: no), 2 cores; torch 2.x, transformers 5.x. Training dtype: fp32. " \
+           "Runs: sst2-pkd-S3-384." in report
+    assert "Training dtype: bf16 autocast. Runs: sst2-kd-S3-384, sst2-finetune-S3-384." in report
+
+
 # bench -----------------------------------------------------------------------------------------
 
 def tiny_suite(tmp_path, glue_dir, teacher):

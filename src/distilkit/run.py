@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distilkit.config import ExperimentConfig, dump_config
+from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.masking import MaskedBatches
@@ -100,7 +100,8 @@ def environment() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": cpu_has_native_bf16(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "python": platform.python_version(),
             "platform": platform.platform()}

@@ -154,6 +154,26 @@ def plot_percent_of_teacher(records: list[dict], path: Path) -> Path:
     return path
 
 
+def provenance(records: list[dict]) -> list[str]:
+    """Machine and training dtype; where runs differ in either, which runs came from where, because their
+    timings cannot be compared across groups (ratios inside one record still can)."""
+    def describe(record: dict) -> str:
+        env = record["environment"]
+        vector = f" ({env['cpu_capability']}, native bf16: {'yes' if env['native_bf16'] else 'no'})" \
+            if "cpu_capability" in env else ""
+        dtype = {"bf16": "bf16 autocast", "no": "fp32"}[record["config"]["train"]["mixed_precision"]]
+        return (f"{env['cpu']}{vector}, {env['cores']} cores; torch {env['torch']}, transformers "
+                f"{env['transformers']}. Training dtype: {dtype}.")
+
+    groups: dict[str, list[str]] = {}
+    for record in records:
+        groups.setdefault(describe(record), []).append(record["cell"])
+    if len(groups) == 1:
+        return [f"Machine: {next(iter(groups))}"]
+    lines = ["Runs came from different machines or training dtypes; compare timings only inside one group:"]
+    return lines + [f"- {machine} Runs: {', '.join(cells)}." for machine, cells in groups.items()] + [""]
+
+
 def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") -> Path:
     """Writes `report.md` and its plots (PNG) into `out_dir`; returns the report's path."""
     out_dir = Path(out_dir)
@@ -163,10 +183,9 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") 
         lines.append("No finished runs yet.")
         (out_dir / "report.md").write_text("\n".join(lines) + "\n")
         return out_dir / "report.md"
-    env, settings = records[0]["environment"], records[0]["speed"]["settings"]
+    settings = records[0]["speed"]["settings"]
     lines += [
-        f"Machine: {env['cpu']}, {env['cores']} cores; torch {env['torch']}, transformers {env['transformers']}. "
-        f"Training dtype: {records[0]['config']['train']['mixed_precision']} autocast.",
+        *provenance(records),
         f"Speed: batch-1 latency over the first {settings['sentences']} dev sentences after {settings['warmup']} "
         f"warm-up, with 1 thread and with {settings['threads']['all']} threads (p50 / p95); throughput at batch "
         f"{settings['batch_size']} over {settings['throughput_sentences']} dev sentences with all threads. "
