@@ -1,13 +1,12 @@
 """Multi-stage recipes: stage chaining, resume at the stage that stopped, and the CLI."""
 
-import json
 
 import pytest
 import yaml
 
 from distilkit import recipe as recipe_module
 from distilkit.config import ConfigError
-from distilkit.recipe import load_recipe, run_recipe, stage_configs
+from distilkit.recipe import run_recipe, stage_configs
 from test_corpus import write_corpus
 from test_training import cli
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -75,7 +74,7 @@ output: {{dir: {tmp_path / 'student'}}}
     from distilkit.data.dataset import TokenizedDataset
     from distilkit.data.readers import Example
     from distilkit.evaluate.evaluator import predict_logits
-    from distilkit.export import OnnxStudent, onnx_parity
+    from distilkit.export import OnnxStudent
     from distilkit.models.student import load_student, load_tokenizer
 
     dataset = TokenizedDataset([Example((s,), None) for s in sentences], load_tokenizer(str(exported)), 32)
