@@ -14,6 +14,10 @@ run() {  # run OUT CONFIG [--set ...]: distil into OUT unless it already finishe
   [ -f "$out/metrics.json" ] && { echo "done: $out"; return; }
   distilkit distill "$@" --set output.dir="$out"
 }
+similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity, unless already measured
+  local file=$W/sra/similarity-$1.json; shift
+  [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
+}
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
 parts=${1:-general sra da}
 
@@ -33,23 +37,30 @@ if [[ $parts == *sra* ]]; then
   # SRA distillation: BiLSTM on 300 steps x 128 Wikipedia sentences
   run $W/sra/distil-wiki $C/sra/sra-distil-wiki.yaml
   # untuned sentence embeddings on STS-B dev (Table 5 shape): SRA BiLSTM vs the teacher's [CLS] and mean
-  distilkit similarity $W/sra/distil-wiki/final > $W/sra/similarity-sra.json
-  distilkit similarity minilm-l6 --pooling cls > $W/sra/similarity-t6-cls.json
-  distilkit similarity minilm-l6 --pooling mean > $W/sra/similarity-t6-mean.json
-  # SST-2 (seeded 4,000 cap) at 25/50/100%: BiLSTM_SRA, plain BiLSTM (PCA-initialised embeddings),
-  # BiLSTM_KD (Tang et al.: logit MSE + CE against the 4k-cap teacher)
+  similarity sra $W/sra/distil-wiki/final
+  similarity t6-cls minilm-l6 --pooling cls
+  similarity t6-mean minilm-l6 --pooling mean
+  # SST-2 (seeded 4,000 cap) at 20/25/30/50/100%: BiLSTM_SRA, plain BiLSTM (PCA-initialised embeddings),
+  # BiLSTM_KD (Tang et al.: logit MSE + CE against the 4k-cap teacher) and BiLSTM_SRA + KD
   teacher sst2-4k
-  for n in 4000 2000 1000; do
+  for n in 4000 2000 1000 1200 800; do
     run $W/sra/sst2-sra-$n $C/sra/sst2-bilstm-sra.yaml --set data.max_train_examples=$n
     run $W/sra/sst2-bilstm-$n $C/sra/sst2-bilstm-sra.yaml --set data.max_train_examples=$n \
         --set student.init=teacher_layers --set student.pretrained=null
     run $W/sra/sst2-bilstm-kd-$n $C/sra/sst2-bilstm-sra.yaml --set data.max_train_examples=$n \
         --set student.init=teacher_layers --set student.pretrained=null \
         --set method.name=kd --set method.objective=logit_mse --set method.hard_weight=0.5
+    run $W/sra/sst2-sra-kd-$n $C/sra/sst2-bilstm-sra.yaml --set data.max_train_examples=$n \
+        --set method.name=kd --set method.objective=logit_mse --set method.hard_weight=0.5
   done
-  # pair head (Figure 1c), 5 epochs
+  # CPU speed and size beside the teacher, same process
+  [ -f $W/sra/speed.json ] || { python benchmarks/sra_speed.py $W/sra/sst2-sra-4000/best $W/teachers/sst2-4k/best \
+      > $W/sra/speed.json.part && mv $W/sra/speed.json.part $W/sra/speed.json; }
+  # pair head (Figure 1c): MRPC 5 epochs, STS-B 4
   teacher mrpc
   run $W/sra/mrpc-sra $C/sra/mrpc-bilstm-sra-pair.yaml --set train.epochs=5
+  teacher stsb
+  run $W/sra/stsb-sra $C/sra/stsb-bilstm-sra-pair.yaml --set train.epochs=4
 fi
 
 if [[ $parts == *da* ]]; then
