@@ -12,12 +12,10 @@ from pathlib import Path
 
 import torch
 
-from distilkit.config import build_config
-from distilkit.data.dataset import TokenizedDataset
 from distilkit.evaluate.speed import latency_ms
 from distilkit.models.features import FeatureRequest
-from distilkit.models.student import load_student, load_tokenizer
-from distilkit.run import read_split, task_spec
+from distilkit.models.student import load_student
+from distilkit.run import model_split
 
 
 def main() -> None:
@@ -27,10 +25,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    config = build_config({"task": {"name": args.task}, "student": {"init": "pretrained", "pretrained": str(args.model)}})
-    spec = task_spec(config)
+    _, dataset = model_split(args.task, args.model)
     student = load_student(args.model).eval()
-    dataset = TokenizedDataset(read_split(config, spec, "dev")[: args.sentences], load_tokenizer(str(args.model)), 128)
     queries = [ids.astype("int64") for ids in dataset.input_ids]
     pre = torch.from_numpy(student.references.retrieve(queries))
     request = FeatureRequest(logits=True)

@@ -12,11 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from distilkit.config import build_config
-from distilkit.data.dataset import TokenizedDataset
 from distilkit.evaluate.profile import Deployment, format_record, size_record
-from distilkit.models.student import load_tokenizer
-from distilkit.run import read_split, task_spec
+from distilkit.run import model_split
 
 
 def main() -> None:
@@ -27,11 +24,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--sentences", type=int, default=100)
     args = parser.parse_args()
-    config = build_config({"task": {"name": args.task},
-                           "student": {"init": "pretrained", "pretrained": str(args.student)}})
-    spec = task_spec(config)
-    dev = TokenizedDataset(read_split(config, spec, "dev"), load_tokenizer(str(args.teacher)), args.max_length,
-                           spec.is_regression)
+    spec, dev = model_split(args.task, args.teacher, max_length=args.max_length)
     mean_length = float(dev.lengths.mean())
     with tempfile.TemporaryDirectory() as unused_onnx_dir:
         student, teacher = Deployment(args.student, unused_onnx_dir), Deployment(args.teacher, unused_onnx_dir)

@@ -61,6 +61,18 @@ def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Exa
     return read_tsv(task, find_split_file(task, folder, split), labeled)
 
 
+def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
+                data_dir: str | None = None) -> tuple[TaskSpec, TokenizedDataset]:
+    """A GLUE split tokenised with a saved model's own tokenizer: what scoring or timing that model reads."""
+    from distilkit.config import build_config
+
+    config = build_config({"task": {"name": task}, "data": {"dir": data_dir, "max_length": max_length},
+                           "student": {"init": "pretrained", "pretrained": str(model)}})
+    spec = task_spec(config)
+    examples = read_split(config, spec, split)
+    return spec, TokenizedDataset(examples, load_tokenizer(str(model)), max_length, spec.is_regression)
+
+
 def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Example]:
     """A seeded random subset in original order: the same for every run with the same cap."""
     if cap is None or cap >= len(examples):
