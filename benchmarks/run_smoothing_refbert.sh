@@ -32,7 +32,7 @@ if [[ $parts == *smoothing* ]]; then
   # Text Smoothing (S3-384 from the teacher's first 3 layers, the paper's init) vs finetune / kd on the
   # same student and budget; top-k of the MLM distribution kept per position: 8, 32 (default), 128
   teacher sst2-4k
-  for name in finetune-s3first kd-s3first ts-l05-s3first ts-l05-k8-s3first ts-l05-k128-s3first \
+  for name in ts-l05-k8-s3first ts-l05-s3first ts-l05-k128-s3first finetune-s3first kd-s3first \
               ts-l03-s3first ts-l07-s3first ts-kd-l05-s3first pkd-s3first ts-l05-t1-s3first; do
     run "sst2-$name"
   done
