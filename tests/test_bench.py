@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import yaml
@@ -38,6 +39,9 @@ def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, tiny_teacher
     int8_logits = OnnxStudent(int8, threads=1).features(batch).logits
     assert int8.stat().st_size < path.stat().st_size
     assert (int8_logits - fp32_logits).abs().max() < 0.1
+    # per-channel: quantised MatMul weights carry one scale per output column (per-tensor scales are scalars)
+    scales = [t for t in onnx.load(str(int8)).graph.initializer if t.name.endswith("_scale")]
+    assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in scales)
 
 
 # report ----------------------------------------------------------------------------------------
