@@ -19,7 +19,7 @@ similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity,
   [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
 }
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
-parts=${1:-general sra da}
+parts=${1:-general gd-sst2 sra da}
 
 if [[ $parts == *general* ]]; then
   # TinyBERT general distillation: S4-312 from the base T6 on Wikipedia, 800 steps x 32 packed 128-token segments
@@ -30,6 +30,19 @@ if [[ $parts == *general* ]]; then
     run $W/general/mrpc-$method-s4-gd $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3 \
         --set student.init=pretrained --set student.pretrained=$GD
     run $W/general/mrpc-$method-s4-random $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3
+  done
+fi
+
+if [[ $parts == *gd-sst2* ]]; then
+  # the same comparison on SST-2 (seeded 4k cap and its teacher), 3 epochs at lr 3e-4
+  teacher sst2-4k
+  for method in tinybert codir lrc; do
+    for init in gd random; do
+      extra=(); [ $init = gd ] && extra=(--set student.init=pretrained --set student.pretrained=$GD)
+      run $W/general/sst2-$method-s4-$init $C/contrastive/sst2-$method-s4.yaml --set train.epochs=3 \
+          --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \
+          --set teacher.model=$W/teachers/sst2-4k/best "${extra[@]}"
+    done
   done
 fi
 
