@@ -29,8 +29,7 @@ from distilkit.run import model_split
 def head_matmuls(onnx_path: Path) -> list[str]:
     """MatMul nodes after the last Transformer layer (pooler, classifier): the ones that set the logits."""
     nodes = onnx.load(str(onnx_path)).graph.node
-    return [n.name for n in nodes if n.op_type in ("MatMul", "Gemm") and ("pooler" in n.name or "classifier" in n.name
-                                                                       or "/layer" not in n.name)]
+    return [n.name for n in nodes if n.op_type in ("MatMul", "Gemm") and "/layer" not in n.name]
 
 
 def main() -> None:

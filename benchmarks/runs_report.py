@@ -109,12 +109,16 @@ def gain_table(task: str, metrics: tuple[str, ...], runs: dict[str, dict], out: 
     return lines + ["", f"![GD vs random]({task}_gd_vs_random.png)"]
 
 
-def augmentation_seconds() -> dict | None:
-    """The newest TinyBERT-style augmentation in the teacher cache (its time is recorded once, when built)."""
+def augmentation_record(run_name: str) -> dict | None:
+    """The cache's record of the augmentation this run trained on (its time is written once, when built):
+    the one whose settings are the run's `data.augment`, so another augmented set in the cache is not mistaken for it."""
+    import yaml
+
     from distilkit.models.hub import cache_root
 
-    files = sorted((cache_root() / "augmented").glob("*.json"), key=lambda f: f.stat().st_mtime)
-    return json.loads(files[-1].read_text()) if files else None
+    settings = yaml.safe_load((WORK / "general" / run_name / "config.yaml").read_text())["data"]["augment"]
+    records = (json.loads(f.read_text()) for f in (cache_root() / "augmented").glob("*.json"))
+    return next((r for r in records if r["settings"] == settings), None)
 
 
 def augmentation_table(runs: dict[str, dict]) -> list[str]:
@@ -131,7 +135,7 @@ def augmentation_table(runs: dict[str, dict]) -> list[str]:
                      f"{d['accuracy']:.4f} | {d['f1']:.4f} |")
     gain = {k: 100 * (dev(augmented)[k] - dev(plain)[k]) for k in ("accuracy", "f1")}
     lines += ["", f"Gain from augmentation: accuracy {gain['accuracy']:+.1f}, F1 {gain['f1']:+.1f} points."]
-    built = augmentation_seconds()
+    built = augmentation_record("mrpc-da-kd-s4-gd")
     if built:
         lines.append(f"Augmenting {built['examples']} examples ({built['settings']['copies']} copies each, "
                      f"candidates from {built['settings']['candidates_from']}) took {built['seconds']:.0f} s, once; "
