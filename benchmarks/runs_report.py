@@ -6,6 +6,7 @@ the findings are in each folder's hand-written README.md. Runs not made yet are 
 Usage: python benchmarks/runs_report.py
 """
 
+import functools
 import json
 from pathlib import Path
 
@@ -29,11 +30,17 @@ def load(path: Path) -> dict | None:
 
 def dev(run: dict) -> dict[str, float]:
     """The dev metrics of the best checkpoint's evaluation, from the run's log (the final ones as a fallback)."""
-    for line in (WORK / run["dir"] / "log.jsonl").read_text().splitlines():
+    return logged_eval(run["dir"], run["best"]["step"]) or next(iter(run["final"].values()))
+
+
+@functools.cache
+def logged_eval(run_dir: str, step: int) -> dict[str, float] | None:
+    """Read once per run: tables and plots ask for the same run's scores several times."""
+    for line in (WORK / run_dir / "log.jsonl").read_text().splitlines():
         entry = json.loads(line)
-        if entry.get("step") == run["best"]["step"] and "eval" in entry:
+        if entry.get("step") == step and "eval" in entry:
             return next(iter(entry["eval"].values()))
-    return next(iter(run["final"].values()))
+    return None
 
 
 def row(name: str, run: dict) -> str:
