@@ -44,6 +44,26 @@ def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, tiny_teacher
     assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in scales)
 
 
+def test_deployment_exports_again_when_the_model_folder_changed(tmp_path, tiny_teacher):
+    import os
+    import shutil
+
+    model_dir = Path(shutil.copytree(tiny_teacher, tmp_path / "model"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    profile.Deployment(model_dir, tmp_path / "onnx").onnx_path("onnx_int8")
+    # the cell is run again: new weights in the same folder, saved after the export
+    model = load_student(model_dir).model
+    with torch.no_grad():
+        model.classifier.bias += 0.5
+    model.save_pretrained(model_dir)
+    later = (tmp_path / "onnx" / "model.onnx").stat().st_mtime + 10
+    os.utime(model_dir / "model.safetensors", (later, later))
+    deployment = profile.Deployment(model_dir, tmp_path / "onnx")
+    fp32 = deployment.onnx_path("onnx_fp32")
+    assert onnx_parity(model, fp32, tokenizer) < 1e-4
+    assert deployment.onnx_path("onnx_int8").stat().st_mtime >= fp32.stat().st_mtime  # quantised again too
+
+
 # report ----------------------------------------------------------------------------------------
 
 def _speed(p50, p95, per_second):

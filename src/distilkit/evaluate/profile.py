@@ -21,6 +21,10 @@ from distilkit.models.student import TransformerStudent, load_student
 FORMATS = ("pytorch_fp32", "pytorch_bf16", "onnx_fp32", "onnx_int8")
 
 
+def _newer_than(path: Path, *sources: Path) -> bool:
+    return path.is_file() and all(path.stat().st_mtime >= source.stat().st_mtime for source in sources)
+
+
 class Deployment:
     """One saved model (student or teacher folder) in each format; ONNX files are written to `onnx_dir`."""
 
@@ -35,14 +39,16 @@ class Deployment:
         return self._model
 
     def onnx_path(self, fmt: str) -> Path:
+        """The format's ONNX file, exported again when it is older than what it came from: a bench cell run
+        again writes new weights into the same model folder, and a stale export would time the old model."""
         fp32 = self.onnx_dir / ONNX_FILE
-        if not fp32.is_file():
+        if not _newer_than(fp32, *self.model_dir.iterdir()):
             self.onnx_dir.mkdir(parents=True, exist_ok=True)
             export_onnx(self.model_dir, fp32)
         if fmt == "onnx_fp32":
             return fp32
         int8 = self.onnx_dir / INT8_FILE
-        if not int8.is_file():
+        if not _newer_than(int8, fp32):
             quantize_int8(fp32, int8)
         return int8
 
