@@ -2,7 +2,7 @@
 # Acceptance runs for issue 6 (general distillation, augmentation) and issue 5 (SRA BiLSTM), at the
 # CPU budget of one session on 2 cores (times measured there are in benchmarks/results/general and
 # benchmarks/results/sra). Run from the repository root, one job at a time:
-#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general|sra|da]
+#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general] [gd-sst2] [sra] [da]
 # Finished runs (their metrics.json exists) are skipped, so an interrupted script resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +19,10 @@ similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity,
   [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
 }
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
-parts=${1:-general gd-sst2 sra da}
+parts=" ${*:-general gd-sst2 sra da} "
+want() { [[ $parts == *" $1 "* ]]; }
 
-if [[ $parts == *general* ]]; then
+if want general; then
   # TinyBERT general distillation: S4-312 from the base T6 on Wikipedia, 800 steps x 32 packed 128-token segments
   run $W/general/gd-s4-312 $C/general/gd-s4-312-wiki.yaml
   teacher mrpc
@@ -33,10 +34,10 @@ if [[ $parts == *general* ]]; then
   done
 fi
 
-if [[ $parts == *gd-sst2* ]]; then
+if want gd-sst2; then
   # the same comparison on SST-2 (seeded 4k cap and its teacher), 3 epochs at lr 3e-4
   teacher sst2-4k
-  for method in tinybert codir lrc; do
+  for method in tinybert codir lrc kd; do
     for init in gd random; do
       extra=(); [ $init = gd ] && extra=(--set student.init=pretrained --set student.pretrained=$GD)
       run $W/general/sst2-$method-s4-$init $C/contrastive/sst2-$method-s4.yaml --set train.epochs=3 \
@@ -44,9 +45,15 @@ if [[ $parts == *gd-sst2* ]]; then
           --set teacher.model=$W/teachers/sst2-4k/best "${extra[@]}"
     done
   done
+  # the papers' ablations on the general-distilled S4-312, same budget
+  for ablation in lrc-one-stage lrc-no-perturbation lrc-mse codir-cls codir-k100; do
+    run $W/general/sst2-$ablation-s4-gd $C/contrastive/sst2-$ablation-s4.yaml --set train.epochs=3 \
+        --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \
+        --set teacher.model=$W/teachers/sst2-4k/best --set student.init=pretrained --set student.pretrained=$GD
+  done
 fi
 
-if [[ $parts == *sra* ]]; then
+if want sra; then
   # SRA distillation: BiLSTM on 300 steps x 128 Wikipedia sentences
   run $W/sra/distil-wiki $C/sra/sra-distil-wiki.yaml
   # untuned sentence embeddings on STS-B dev (Table 5 shape): SRA BiLSTM vs the teacher's [CLS] and mean
@@ -66,6 +73,10 @@ if [[ $parts == *sra* ]]; then
     run $W/sra/sst2-sra-kd-$n $C/sra/sst2-bilstm-sra.yaml --set data.max_train_examples=$n \
         --set method.name=kd --set method.objective=logit_mse --set method.hard_weight=0.5
   done
+  # +TS: Tang et al.'s rule-based augmentation (4 copies), the teacher labels the transfer set (logit MSE)
+  for n in 1000 2000; do
+    run $W/sra/sst2-sra-kd-ts-$n $C/sra/sst2-bilstm-sra-kd-ts.yaml --set data.max_train_examples=$n
+  done
   # CPU speed and size beside the teacher, same process
   [ -f $W/sra/speed.json ] || { python benchmarks/sra_speed.py $W/sra/sst2-sra-4000/best $W/teachers/sst2-4k/best \
       > $W/sra/speed.json.part && mv $W/sra/speed.json.part $W/sra/speed.json; }
@@ -76,9 +87,12 @@ if [[ $parts == *sra* ]]; then
   run $W/sra/stsb-sra $C/sra/stsb-bilstm-sra-pair.yaml --set train.epochs=4
 fi
 
-if [[ $parts == *da* ]]; then
+if want da; then
   # TinyBERT-style DA on MRPC from the GD student: KD on 3x data for 3 epochs vs KD on the original for 9
   teacher mrpc
   run $W/general/mrpc-kd-s4-gd $C/general/mrpc-kd-s4-from-gd.yaml
   run $W/general/mrpc-da-kd-s4-gd $C/general/mrpc-da-kd-s4-from-gd.yaml
+  # the same on S3-384 from teacher layers 2/4/6, a student that learns MRPC at this budget
+  run $W/general/mrpc-kd-s3-layers $C/general/mrpc-kd-s3-layers.yaml
+  run $W/general/mrpc-da-kd-s3-layers $C/general/mrpc-da-kd-s3-layers.yaml
 fi
