@@ -4,6 +4,8 @@ and the two stages end to end (task-agnostic distillation on sentences, then fin
 import json
 import math
 
+import numpy as np
+
 import pytest
 import torch
 from transformers import BertTokenizerFast
@@ -145,3 +147,35 @@ def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):
         assert result.returncode == 0, result.stderr
         scores = json.loads(result.stdout)
         assert scores["pairs"] == 16 and -1 <= scores["spearman"] <= 1
+
+
+def test_best_threshold_by_hand():
+    from distilkit.evaluate.similarity import best_threshold
+
+    # sorted cosines 0.1 0.2 0.4 0.6 0.9 with labels 0 0 1 0 1: cutting between 0.2 and 0.4 gets 4 of 5 right
+    # (0.6 wrong), better than between 0.6 and 0.9 (0.4 wrong, also 4) only by coming first
+    cosine, labels = np.array([0.6, 0.1, 0.9, 0.4, 0.2]), np.array([0, 0, 1, 1, 0])
+    assert best_threshold(cosine, labels) == pytest.approx(0.3)
+    assert best_threshold(np.array([0.5, 0.7]), np.array([1, 1])) == pytest.approx(0.5)  # all positive
+    assert best_threshold(np.array([0.5, 0.7]), np.array([0, 0])) > 0.7  # all negative
+
+
+def test_untuned_similarity_on_a_paraphrase_task_fits_its_threshold_on_train(tmp_path, glue_dir, tiny_base_model):
+    from test_training import cli
+
+    qqp = glue_dir / "glue" / "QQP"
+    qqp.mkdir(parents=True)
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
+    for name, n in (("train.tsv", 40), ("dev.tsv", 12)):
+        rows = [header] + [f"{i}\t{2 * i}\t{2 * i + 1}\twhat is a good film\t"
+                           f"{'what is a good film' if i % 2 else 'how do i bake bread'}\t{i % 2}" for i in range(n)]
+        (qqp / name).write_text("\n".join(rows) + "\n")
+    result = cli("similarity", str(tiny_base_model), "--task", "qqp", "--data", str(glue_dir), "--pooling", "mean",
+                 "--max-pairs", "30")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads(result.stdout)
+    # identical questions have cosine 1, the others less: the fitted threshold separates them exactly
+    assert scores["pairs"] == 12 and scores["threshold_pairs"] == 30
+    assert scores["accuracy"] == 1.0 and scores["f1"] == 1.0
+    bad = cli("similarity", str(tiny_base_model), "--task", "sst2", "--data", str(glue_dir))
+    assert bad.returncode != 0 and "paraphrase task; use stsb" in bad.stderr

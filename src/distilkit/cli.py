@@ -113,22 +113,34 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
 
 @app.command()
 def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student, or any encoder (folder or alias)")],
-               task: Annotated[str, typer.Option(help="a regression pair task (STS-B)")] = "stsb",
+               task: Annotated[str, typer.Option(help="a pair task: stsb (correlations), or qqp / mrpc (accuracy "
+                                                      "and F1 at a threshold fitted on train pairs)")] = "stsb",
                data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
                pooling: Annotated[str, typer.Option(help="transformers: cls or mean")] = "cls",
-               max_length: int = 128) -> None:
-    """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold score."""
+               max_length: int = 128,
+               max_pairs: Annotated[int | None, typer.Option(help="a seeded sample of at most this many pairs "
+                                                                  "from each split read (QQP dev has 40k)")] = None) -> None:
+    """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold label."""
+    import random
+
     from distilkit.config import build_config
     from distilkit.evaluate.similarity import untuned_similarity
     from distilkit.run import read_split, task_spec
 
+    def sample(pairs: list) -> list:
+        return pairs if max_pairs is None or len(pairs) <= max_pairs else random.Random(0).sample(pairs, max_pairs)
+
     try:
         config = build_config({"task": {"name": task}, "data": {"dir": data}, "student": {"init": "random"}})
         spec = task_spec(config)
-        if not (spec.is_pair and spec.is_regression):
-            raise ValueError(f"{task} is not a sentence-pair similarity task with scores; use stsb")
+        if not spec.is_pair or not (spec.is_regression or spec.labels == ("0", "1")):
+            raise ValueError(f"{task} is not a sentence-pair similarity or paraphrase task; use stsb, qqp or mrpc")
+        if max_pairs is not None and max_pairs < 2:
+            raise ValueError(f"--max-pairs {max_pairs} is too few: give at least 2 (or leave it out for every pair)")
+        threshold_pairs = None if spec.is_regression else sample(read_split(config, spec, "train"))
         result = {"model": model, "task": spec.name, "pooling": pooling,
-                  **untuned_similarity(model, read_split(config, spec, "dev"), pooling, max_length)}
+                  **untuned_similarity(model, sample(read_split(config, spec, "dev")), pooling, max_length,
+                                       threshold_pairs)}
     except _user_errors() as err:
         _fail(err)
     print(json.dumps(result, indent=2))

@@ -2,7 +2,9 @@
 
 Each sentence is embedded on its own — a BiLSTM student's S_x, or a transformer's final [CLS] or
 mean-pooled final layer — and the cosine of the two vectors is scored against the gold similarity
-(STS-B: Pearson and Spearman correlation).
+(STS-B: Pearson and Spearman correlation), or, for paraphrase tasks with yes/no labels (QQP, as the
+paper's Table 5; MRPC), thresholded: the threshold that maximises accuracy on training pairs, then
+accuracy and F1 on the dev pairs.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score
 
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.readers import Example
@@ -41,10 +44,37 @@ def sentence_vectors(model: str, texts: list[str], pooling: str = "cls", max_len
     return out
 
 
-def untuned_similarity(model: str, pairs: list[Example], pooling: str = "cls", max_length: int = 128) -> dict:
+def pair_cosines(model: str, pairs: list[Example], pooling: str = "cls", max_length: int = 128) -> np.ndarray:
     first = sentence_vectors(model, [e.texts[0] for e in pairs], pooling, max_length)
     second = sentence_vectors(model, [e.texts[1] for e in pairs], pooling, max_length)
-    cosine = (first * second).sum(1) / (np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)).clip(1e-8)
+    return (first * second).sum(1) / (np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)).clip(1e-8)
+
+
+def best_threshold(cosine: np.ndarray, labels: np.ndarray) -> float:
+    """The cosine above which a pair is called a paraphrase that gets most of these pairs right."""
+    order = np.argsort(cosine)
+    values, positive = cosine[order], labels[order].astype(np.int64)
+    # cutting before sorted position i calls pairs [0, i) negative and [i, n) positive
+    negatives_below = np.concatenate([[0], np.cumsum(1 - positive)])
+    positives_from = positive.sum() - np.concatenate([[0], np.cumsum(positive)])
+    i = int(np.argmax(negatives_below + positives_from))
+    if i == len(values):
+        return float(values[-1]) + 1e-6  # every pair negative
+    return float(values[i]) if i == 0 else float((values[i - 1] + values[i]) / 2)
+
+
+def untuned_similarity(model: str, pairs: list[Example], pooling: str = "cls", max_length: int = 128,
+                       threshold_pairs: list[Example] | None = None) -> dict:
+    """Scores with gold similarity: correlations. Yes/no labels: accuracy and F1 at the threshold fitted on
+    `threshold_pairs` (never on the pairs scored)."""
+    cosine = pair_cosines(model, pairs, pooling, max_length)
     gold = np.asarray([e.label for e in pairs], dtype=np.float64)
-    return {"pearson": float(pearsonr(cosine, gold)[0]), "spearman": float(spearmanr(cosine, gold)[0]),
-            "pairs": len(pairs)}
+    if threshold_pairs is None:
+        return {"pearson": float(pearsonr(cosine, gold)[0]), "spearman": float(spearmanr(cosine, gold)[0]),
+                "pairs": len(pairs)}
+    fit_labels = np.asarray([int(e.label) for e in threshold_pairs])
+    threshold = best_threshold(pair_cosines(model, threshold_pairs, pooling, max_length), fit_labels)
+    predicted = (cosine >= threshold).astype(np.int64)
+    return {"accuracy": float(accuracy_score(gold.astype(np.int64), predicted)),
+            "f1": float(f1_score(gold.astype(np.int64), predicted)), "threshold": threshold,
+            "pairs": len(pairs), "threshold_pairs": len(threshold_pairs)}
