@@ -72,7 +72,9 @@ def environment(folder: str, runs: dict[str, dict]) -> str:
 def general() -> None:
     out = RESULTS / "general"
     runs = collect(["gd-s4-312"] + [f"{task}-{m}-s4-{init}" for task in ("mrpc", "sst2") for m in GD_METHODS
-                                    for init in ("gd", "random")] + ["mrpc-kd-s4-gd", "mrpc-da-kd-s4-gd"], "general")
+                                    for init in ("gd", "random")]
+                   + [f"sst2-{a}-s4-gd" for a in ABLATIONS] + [run for pair in DA_PAIRS.values() for run in pair],
+                   "general")
     if not runs:
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -82,12 +84,39 @@ def general() -> None:
     lines += [row(name, run) for name, run in runs.items()]
     for task, metrics in (("mrpc", ("accuracy", "f1")), ("sst2", ("accuracy",))):
         lines += gain_table(task, metrics, runs, out)
-    lines += augmentation_table(runs)
+    lines += ablation_table(runs)
+    for student, (plain, augmented) in DA_PAIRS.items():
+        lines += augmentation_table(student, runs.get(plain), runs.get(augmented), augmented)
     lines += command("run_general_sra.sh")
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
-GD_METHODS = ("tinybert", "lrc", "codir")
+GD_METHODS = ("kd", "tinybert", "lrc", "codir")
+# the papers' ablations, each beside the full method it removes something from
+ABLATIONS = {"lrc-one-stage": ("lrc", "LRC-BERT₂: 1:1:3 throughout, no two-stage schedule"),
+             "lrc-no-perturbation": ("lrc", "LRC-BERT_g: no gradient perturbation"),
+             "lrc-mse": ("lrc", "BERT_M: MSE instead of COS-NCE"),
+             "codir-cls": ("codir", "CoDIR with [CLS] instead of mean pooling"),
+             "codir-k100": ("codir", "CoDIR with K = 100 negatives instead of 1000")}
+# TinyBERT-style DA on MRPC: (originals only, originals + augmented copies), per student
+DA_PAIRS = {"S4-312 from general distillation": ("mrpc-kd-s4-gd", "mrpc-da-kd-s4-gd"),
+            "S3-384 from teacher layers 2/4/6": ("mrpc-kd-s3-layers", "mrpc-da-kd-s3-layers")}
+
+
+def ablation_table(runs: dict[str, dict]) -> list[str]:
+    rows = [(name, *ABLATIONS[name], runs[f"sst2-{name}-s4-gd"], runs[f"sst2-{full}-s4-gd"])
+            for name, (full, _) in ABLATIONS.items()
+            if f"sst2-{name}-s4-gd" in runs and f"sst2-{full}-s4-gd" in runs]
+    if not rows:
+        return []
+    lines = ["", "SST-2 dev accuracy, the papers' ablations on the general-distilled S4-312 (same budget and seed as "
+                 "the full method):", "", "| ablation | what changes | full method | ablation | change | train s (full → ablation) |",
+             "|---|---|---|---|---|---|"]
+    for name, full, what, ablated, full_run in rows:
+        a, f = dev(ablated)["accuracy"], dev(full_run)["accuracy"]
+        lines.append(f"| {name} | {what} | {full} {f:.4f} | {a:.4f} | {100 * (a - f):+.1f} | "
+                     f"{full_run['train_seconds']:.0f} → {ablated['train_seconds']:.0f} |")
+    return lines
 
 
 def gain_table(task: str, metrics: tuple[str, ...], runs: dict[str, dict], out: Path) -> list[str]:
@@ -128,21 +157,21 @@ def augmentation_record(run_name: str) -> dict | None:
     return next((r for r in records if r["settings"] == settings), None)
 
 
-def augmentation_table(runs: dict[str, dict]) -> list[str]:
-    plain, augmented = runs.get("mrpc-kd-s4-gd"), runs.get("mrpc-da-kd-s4-gd")
+def augmentation_table(student: str, plain: dict | None, augmented: dict | None, augmented_name: str) -> list[str]:
     if not (plain and augmented):
         return []
-    lines = ["", "TinyBERT-style data augmentation on MRPC (KD from the general-distilled S4-312; the augmented run "
-                 "sees the originals plus their copies for 3 epochs, the plain run the originals for 9, so both "
-                 "take about the same number of steps):", "",
-             "| run | train examples | steps | train s | accuracy | F1 |", "|---|---|---|---|---|---|"]
+    lines = ["", f"TinyBERT-style data augmentation on MRPC, KD into the {student} (the augmented run sees the "
+                 "originals plus their copies for 3 epochs, the plain run the originals for 9, so both take about "
+                 "the same number of steps; best = the best evaluated checkpoint, final = the last step):", "",
+             "| run | train examples | steps | train s | best accuracy | best F1 | final accuracy | final F1 |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, run in (("KD, originals", plain), ("KD, originals + augmented copies", augmented)):
-        d = dev(run)
+        best, final = dev(run), next(iter(run["final"].values()))
         lines.append(f"| {name} | {run['train_examples_in_set']} | {run['steps']} | {run['train_seconds']:.0f} | "
-                     f"{d['accuracy']:.4f} | {d['f1']:.4f} |")
+                     f"{best['accuracy']:.4f} | {best['f1']:.4f} | {final['accuracy']:.4f} | {final['f1']:.4f} |")
     gain = {k: 100 * (dev(augmented)[k] - dev(plain)[k]) for k in ("accuracy", "f1")}
-    lines += ["", f"Gain from augmentation: accuracy {gain['accuracy']:+.1f}, F1 {gain['f1']:+.1f} points."]
-    built = augmentation_record("mrpc-da-kd-s4-gd")
+    lines += ["", f"Gain from augmentation (best checkpoints): accuracy {gain['accuracy']:+.1f}, F1 {gain['f1']:+.1f} points."]
+    built = augmentation_record(augmented_name)
     if built:
         lines.append(f"Augmenting {built['examples']} examples ({built['settings']['copies']} copies each, "
                      f"candidates from {built['settings']['candidates_from']}) took {built['seconds']:.0f} s, once; "
@@ -151,7 +180,8 @@ def augmentation_table(runs: dict[str, dict]) -> list[str]:
 
 
 SIZES = (800, 1000, 1200, 2000, 4000)
-VARIANTS = {"bilstm": "BiLSTM", "bilstm-kd": "BiLSTM_KD", "sra": "BiLSTM_SRA", "sra-kd": "BiLSTM_SRA + KD"}
+VARIANTS = {"bilstm": "BiLSTM", "bilstm-kd": "BiLSTM_KD", "sra": "BiLSTM_SRA", "sra-kd": "BiLSTM_SRA + KD",
+            "sra-kd-ts": "BiLSTM_SRA + KD + TS (teacher-labelled augmented set)"}
 
 
 def sra() -> None:
@@ -202,13 +232,15 @@ def sra() -> None:
         lines.append("| speedup | | " + " | ".join(f"{fp32['speedup'][k]:.2f}x" for k in
                                                   ("latency_1_thread", "latency_all_threads", "throughput_batch_32"))
                      + " |")
-    if similarity:
-        lines += ["", "Untuned sentence embeddings on STS-B dev (cosine vs gold score; Table 5 shape):", "",
-                  "| model | " + " | ".join(k for k in next(iter(similarity.values())) if isinstance(
-                      next(iter(similarity.values()))[k], float)) + " |"]
-        keys = [k for k, v in next(iter(similarity.values())).items() if isinstance(v, float)]
-        lines.append("|---|" + "---|" * len(keys))
-        lines += [f"| {name} | " + " | ".join(f"{s[k]:.4f}" for k in keys) + " |" for name, s in similarity.items()]
+    for task in sorted({s["task"] for s in similarity.values()}, key=lambda t: t != "stsb"):
+        results = {name.removeprefix("similarity-"): s for name, s in similarity.items() if s["task"] == task}
+        keys = [k for k, v in next(iter(results.values())).items() if isinstance(v, float)]
+        how = ("cosine vs gold score" if task == "stsb" else
+               "cosine above the threshold that fits train pairs best = paraphrase; Table 5 shape")
+        lines += ["", f"Untuned sentence embeddings on {task.upper()} dev ({how}):", "",
+                  "| model | pooling | pairs | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+        lines += [f"| {name} | {'S_x' if 'sra' in name else s['pooling']} | {s['pairs']} | "
+                  + " | ".join(f"{s[k]:.4f}" for k in keys) + " |" for name, s in results.items()]
     lines += command("run_general_sra.sh")
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
