@@ -32,32 +32,31 @@ def head_matmuls(onnx_path: Path) -> list[str]:
     return [n.name for n in nodes if n.op_type in ("MatMul", "Gemm") and "/layer" not in n.name]
 
 
-def main() -> None:
+VARIANTS = {"onnx_fp32": None,
+                  "int8_per_tensor": {"per_channel": False},
+                  "int8_per_channel": {"per_channel": True},
+                  "int8_per_tensor_head_fp32": {"per_channel": False, "head_fp32": True},
+                  "int8_per_channel_head_fp32": {"per_channel": True, "head_fp32": True}}
+
+
+def measure(student: Path, task: str, variants: dict, max_length: int = 128) -> dict:
+    """Dev score and batch-32 throughput of PyTorch fp32 and each ONNX variant of one student, in this process."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("student", type=Path)
-    parser.add_argument("--task", default="sst2")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    spec, dev = model_split(args.task, args.student, max_length=args.max_length)
+    spec, dev = model_split(task, student, max_length=max_length)
     threads = all_threads()
-    model = load_student(args.student).eval()
+    model = load_student(student).eval()
     results = {"pytorch_fp32": {"dev": compute_metrics(spec, predict_logits(model, dev), dev.labels),
                                 "throughput": throughput(pytorch_runner(model)(threads), dev, threads=threads)}}
     with tempfile.TemporaryDirectory() as tmp:
-        fp32 = export_onnx(args.student, Path(tmp) / "model.onnx")
+        fp32 = export_onnx(student, Path(tmp) / "model.onnx")
         head = head_matmuls(fp32)
-        variants = {"onnx_fp32": None,
-                    "int8_per_tensor": {"per_channel": False, "nodes_to_exclude": []},
-                    "int8_per_channel": {"per_channel": True, "nodes_to_exclude": []},
-                    "int8_per_tensor_head_fp32": {"per_channel": False, "nodes_to_exclude": head},
-                    "int8_per_channel_head_fp32": {"per_channel": True, "nodes_to_exclude": head}}
         for name, options in variants.items():
             path = fp32
             if options is not None:
                 path = Path(tmp) / f"{name}.onnx"
-                quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, **options)
+                quantize_dynamic(str(fp32), str(path), weight_type=QuantType.QInt8, per_channel=options["per_channel"],
+                                 nodes_to_exclude=head if options.get("head_fp32") else [])
             session = OnnxStudent(path, threads)
             results[name] = {"dev": compute_metrics(spec, predict_logits(session, dev), dev.labels),
                              "throughput": throughput(lambda batch, s=session: s.features(batch).logits, dev,
@@ -68,8 +67,17 @@ def main() -> None:
         result["score_change_points"] = 100 * (result["dev"][spec.main_metric] - reference["dev"][spec.main_metric])
         result["throughput_vs_pytorch_fp32"] = (result["throughput"]["sentences_per_second"]
                                                 / reference["throughput"]["sentences_per_second"])
-    print(json.dumps({"student": str(args.student), "task": args.task, "metric": spec.main_metric,
-                      "head_nodes_kept_fp32": head, "variants": results}, indent=2))
+    return {"student": str(student), "task": task, "metric": spec.main_metric, "head_nodes_kept_fp32": head,
+            "variants": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("student", type=Path)
+    parser.add_argument("--task", default="sst2")
+    parser.add_argument("--max-length", type=int, default=128)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.student, args.task, VARIANTS, args.max_length), indent=2))
 
 
 if __name__ == "__main__":
