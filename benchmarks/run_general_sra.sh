@@ -96,7 +96,8 @@ if want da; then
   teacher mrpc
   run $W/general/mrpc-kd-s4-gd $C/general/mrpc-kd-s4-from-gd.yaml
   run $W/general/mrpc-da-kd-s4-gd $C/general/mrpc-da-kd-s4-from-gd.yaml
-  # the same on S3-384 from teacher layers 2/4/6, a student that learns MRPC at this budget
+  # the same on S3-384 from teacher layers 2/4/6, a student that learns MRPC at this budget: KD on 2x data
+  # (1 copy per example) for 3 epochs vs KD on the original for 6
   run $W/general/mrpc-kd-s3-layers $C/general/mrpc-kd-s3-layers.yaml
   run $W/general/mrpc-da-kd-s3-layers $C/general/mrpc-da-kd-s3-layers.yaml
 fi

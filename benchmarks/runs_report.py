@@ -161,8 +161,9 @@ def augmentation_table(student: str, plain: dict | None, augmented: dict | None,
     if not (plain and augmented):
         return []
     lines = ["", f"TinyBERT-style data augmentation on MRPC, KD into the {student} (the augmented run sees the "
-                 "originals plus their copies for 3 epochs, the plain run the originals for 9, so both take about "
-                 "the same number of steps; best = the best evaluated checkpoint, final = the last step):", "",
+                 f"originals plus their copies for {augmented['epochs']:g} epochs, the plain run the originals for "
+                 f"{plain['epochs']:g}, so both take about the same number of steps; best = the best evaluated "
+                 "checkpoint, final = the last step):", "",
              "| run | train examples | steps | train s | best accuracy | best F1 | final accuracy | final F1 |",
              "|---|---|---|---|---|---|---|---|"]
     for name, run in (("KD, originals", plain), ("KD, originals + augmented copies", augmented)):
