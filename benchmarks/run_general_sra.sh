@@ -27,7 +27,7 @@ if want general; then
   run $W/general/gd-s4-312 $C/general/gd-s4-312-wiki.yaml
   teacher mrpc
   # task distillation on MRPC, 3 epochs each: from the general-distilled student vs from random init
-  for method in tinybert lrc codir; do
+  for method in tinybert lrc codir kd; do
     run $W/general/mrpc-$method-s4-gd $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3 \
         --set student.init=pretrained --set student.pretrained=$GD
     run $W/general/mrpc-$method-s4-random $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3
@@ -94,7 +94,7 @@ fi
 if want da; then
   # TinyBERT-style DA on MRPC from the GD student: KD on 3x data for 3 epochs vs KD on the original for 9
   teacher mrpc
-  run $W/general/mrpc-kd-s4-gd $C/general/mrpc-kd-s4-from-gd.yaml
+  run $W/general/mrpc-kd-s4-gd-9epochs $C/general/mrpc-kd-s4-from-gd.yaml
   run $W/general/mrpc-da-kd-s4-gd $C/general/mrpc-da-kd-s4-from-gd.yaml
   # the same on S3-384 from teacher layers 2/4/6, a student that learns MRPC at this budget: KD on 2x data
   # (1 copy per example) for 3 epochs vs KD on the original for 6

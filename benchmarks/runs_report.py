@@ -99,7 +99,7 @@ ABLATIONS = {"lrc-one-stage": ("lrc", "LRC-BERT₂: 1:1:3 throughout, no two-sta
              "codir-cls": ("codir", "CoDIR with [CLS] instead of mean pooling"),
              "codir-k100": ("codir", "CoDIR with K = 100 negatives instead of 1000")}
 # TinyBERT-style DA on MRPC: (originals only, originals + augmented copies), per student
-DA_PAIRS = {"S4-312 from general distillation": ("mrpc-kd-s4-gd", "mrpc-da-kd-s4-gd"),
+DA_PAIRS = {"S4-312 from general distillation": ("mrpc-kd-s4-gd-9epochs", "mrpc-da-kd-s4-gd"),
             "S3-384 from teacher layers 2/4/6": ("mrpc-kd-s3-layers", "mrpc-da-kd-s3-layers")}
 
 
