@@ -2,7 +2,7 @@
 # Acceptance runs for issue 6 (general distillation, augmentation) and issue 5 (SRA BiLSTM), at the
 # CPU budget of one session on 2 cores (times measured there are in benchmarks/results/general and
 # benchmarks/results/sra). Run from the repository root, one job at a time:
-#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general] [gd-sst2] [sra] [da]
+#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general] [gd-sst2] [ablations-sst2] [sra] [da]
 # Finished runs (their metrics.json exists) are skipped, so an interrupted script resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity,
   [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
 }
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
-parts=" ${*:-general gd-sst2 sra da} "
+parts=" ${*:-general gd-sst2 ablations-sst2 sra da} "
 want() { [[ $parts == *" $1 "* ]]; }
 
 if want general; then
@@ -45,7 +45,11 @@ if want gd-sst2; then
           --set teacher.model=$W/teachers/sst2-4k/best "${extra[@]}"
     done
   done
-  # the papers' ablations on the general-distilled S4-312, same budget
+fi
+
+if want ablations-sst2; then
+  # the papers' ablations on the general-distilled S4-312, same budget as gd-sst2
+  teacher sst2-4k
   for ablation in lrc-one-stage lrc-no-perturbation lrc-mse codir-cls codir-k100; do
     run $W/general/sst2-$ablation-s4-gd $C/contrastive/sst2-$ablation-s4.yaml --set train.epochs=3 \
         --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \

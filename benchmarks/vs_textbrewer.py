@@ -40,7 +40,8 @@ DEFAULT_TEACHER = str(ROOT / "benchmarks/work/teachers/sst2/best")
 def distilkit_config(args, work: Path, precision: str) -> dict:
     return {
         "task": {"name": "sst2"},
-        "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples},
+        "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples,
+                 "bucket_batches": args.distilkit_bucket_batches},
         "teacher": {"model": args.teacher, "cache_dir": str(work / "teacher-cache")},
         "student": {"preset": "S4-312", "init": "random"},
         "method": {"name": "tinybert", "schedule": "joint", "temperature": 2.0, "attention_weight": 0.0,
@@ -74,7 +75,8 @@ def run_distilkit(args, work: Path) -> dict:
     epochs = [b - a for a, b in zip([0.0] + ends, ends)]
     epochs[0] += metrics["teacher_cache_seconds"]
     return {"tool": "distilkit", "dtype": "bf16" if config.train.mixed_precision == "bf16" else "fp32",
-            "padding": "dynamic, length-bucketed", "epoch_seconds": epochs, "total_seconds": sum(epochs),
+            "padding": ("dynamic, length-bucketed" if args.distilkit_bucket_batches > 1 else "dynamic, random batches"),
+            "epoch_seconds": epochs, "total_seconds": sum(epochs),
             "teacher_cache_seconds": metrics["teacher_cache_seconds"],
             "examples_per_second": metrics["train_examples"] / sum(epochs),
             "train_examples": metrics["train_examples"], "teacher_forward_passes": metrics["teacher_forward_passes"],
@@ -180,6 +182,13 @@ def markdown(result: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+def side_folder(args, side: str) -> Path:
+    """Where one side works and writes result.json; a distilkit side with other batching gets its own folder."""
+    if side == "distilkit" and args.distilkit_bucket_batches != 50:
+        return args.work / f"distilkit-bucket{args.distilkit_bucket_batches}"
+    return args.work / side
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", default=DEFAULT_TEACHER)
@@ -190,6 +199,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--distilkit-precision", choices=["auto", "bf16", "no"], default="auto")
+    parser.add_argument("--distilkit-bucket-batches", type=int, default=50,
+                        help="data.bucket_batches of the distilkit side (1 = batches of random composition, as TextBrewer's)")
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer")
@@ -202,7 +213,7 @@ def main() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        work = args.work / args.side
+        work = side_folder(args, args.side)
         if work.exists():
             shutil.rmtree(work)  # a cold start: no teacher cache, no checkpoint to resume
         work.mkdir(parents=True)
@@ -216,7 +227,7 @@ def main() -> None:
     for side in ("distilkit", "textbrewer"):
         print(f"== {side}", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, *sys.argv, "--side", side], check=True)
-        sides[side] = json.loads((args.work / side / "result.json").read_text())
+        sides[side] = json.loads((side_folder(args, side) / "result.json").read_text())
     dk, tb = sides["distilkit"], sides["textbrewer"]
     result = {"job": {"teacher": args.teacher, "examples": args.examples, "epochs": args.epochs, "lr": args.lr,
                       "seed": args.seed, "threads": args.threads, "batch_size": 32, "max_length": 64},

@@ -8,7 +8,8 @@ folder per extra seed, each made by
       --teacher benchmarks/work/teachers/sst2-4k/best --work benchmarks/work/vs_textbrewer-seeds/seed-$s
   done; done
 and writes seeds.json beside the main run's results (timings are not compared here: they come from the
-side-by-side run in results.json).
+side-by-side run in results.json). A distilkit side run with --distilkit-bucket-batches N (its own folder,
+distilkit-bucketN; seed 42's under seed-42) is compared with TextBrewer too.
 Usage: python benchmarks/vs_textbrewer_seeds.py [--main-work DIR] [--seeds-work DIR] [--out DIR]
 """
 
@@ -18,7 +19,11 @@ import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("distilkit", "textbrewer")
+
+
+def results(folder: Path) -> dict[str, float]:
+    """Dev accuracy of every side that finished in one work folder (distilkit, textbrewer, distilkit-bucketN)."""
+    return {f.parent.name: json.loads(f.read_text())["dev_accuracy"] for f in sorted(folder.glob("*/result.json"))}
 
 
 def main() -> None:
@@ -28,32 +33,31 @@ def main() -> None:
     parser.add_argument("--seeds-work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer-seeds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer-fp32")
     args = parser.parse_args()
-    folders = {args.main_seed: args.main_work} | {int(f.name.removeprefix("seed-")): f
-                                                  for f in sorted(args.seeds_work.glob("seed-*"))}
-    by_seed = {}
-    for seed, folder in sorted(folders.items()):
-        files = {side: folder / side / "result.json" for side in SIDES}
-        if all(f.is_file() for f in files.values()):
-            by_seed[seed] = {side: json.loads(f.read_text())["dev_accuracy"] for side, f in files.items()}
-    if len(by_seed) < 2:
-        raise SystemExit(f"fewer than 2 seeds with both sides finished under {args.main_work} and {args.seeds_work}")
-    differences = [s["distilkit"] - s["textbrewer"] for s in by_seed.values()]
-    summary = {side: {"mean": statistics.mean(s[side] for s in by_seed.values()),
-                      "stdev": statistics.stdev(s[side] for s in by_seed.values()),
-                      "min": min(s[side] for s in by_seed.values()), "max": max(s[side] for s in by_seed.values())}
-               for side in SIDES}
-    result = {"seeds": by_seed, "summary": summary,
-              "paired_difference_points": {"mean": 100 * statistics.mean(differences),
-                                           "stdev": 100 * statistics.stdev(differences),
-                                           "per_seed": {seed: 100 * d for seed, d in zip(by_seed, differences)}}}
+    by_seed: dict[int, dict[str, float]] = {args.main_seed: results(args.main_work)}
+    for folder in sorted(args.seeds_work.glob("seed-*")):
+        seed = int(folder.name.removeprefix("seed-"))
+        by_seed[seed] = by_seed.get(seed, {}) | results(folder)
+    sides = sorted({side for r in by_seed.values() for side in r}, key=lambda side: (side == "textbrewer", side))
+    complete = {seed: r for seed, r in sorted(by_seed.items()) if all(side in r for side in sides)}
+    if len(complete) < 2 or "textbrewer" not in sides:
+        raise SystemExit(f"fewer than 2 seeds where every side ({sides}) finished, under {args.main_work} and "
+                         f"{args.seeds_work}")
+    summary = {side: {"mean": statistics.mean(r[side] for r in complete.values()),
+                      "stdev": statistics.stdev(r[side] for r in complete.values())} for side in sides}
+    differences = {side: {seed: 100 * (r[side] - r["textbrewer"]) for seed, r in complete.items()}
+                   for side in sides if side != "textbrewer"}
+    result = {"seeds": complete, "summary": summary,
+              "paired_difference_vs_textbrewer_points": {
+                  side: {"per_seed": d, "mean": statistics.mean(d.values()), "stdev": statistics.stdev(d.values())}
+                  for side, d in differences.items()}}
     (args.out / "seeds.json").write_text(json.dumps(result, indent=2))
-    lines = ["| seed | " + " | ".join(str(s) for s in by_seed) + " | mean ± sd |", "|---|" + "---|" * (len(by_seed) + 1)]
-    for side in SIDES:
-        lines.append(f"| {side} | " + " | ".join(f"{s[side]:.4f}" for s in by_seed.values())
+    lines = ["| seed | " + " | ".join(str(s) for s in complete) + " | mean ± sd |", "|---|" + "---|" * (len(complete) + 1)]
+    for side in sides:
+        lines.append(f"| {side} | " + " | ".join(f"{r[side]:.4f}" for r in complete.values())
                      + f" | {summary[side]['mean']:.4f} ± {summary[side]['stdev']:.4f} |")
-    d = result["paired_difference_points"]
-    lines.append("| distilkit − TextBrewer (points) | " + " | ".join(f"{v:+.1f}" for v in d["per_seed"].values())
-                 + f" | {d['mean']:+.1f} ± {d['stdev']:.1f} |")
+    for side, d in result["paired_difference_vs_textbrewer_points"].items():
+        lines.append(f"| {side} − textbrewer (points) | " + " | ".join(f"{v:+.1f}" for v in d["per_seed"].values())
+                     + f" | {d['mean']:+.1f} ± {d['stdev']:.1f} |")
     print("\n".join(lines))
 
 

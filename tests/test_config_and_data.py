@@ -130,6 +130,10 @@ def test_length_buckets_are_deterministic_complete_and_resumable():
     # within a batch lengths are close: padding waste is far below an unsorted batch
     spread = np.mean([lengths[b].max() - lengths[b].min() for b in epoch])
     assert spread < 20
+    # one batch per span: random composition, as a shuffled DataLoader would give
+    random_batches = LengthBucketBatchSampler(lengths, batch_size=16, seed=7, bucket_batches=1).epoch_batches(1)
+    assert sorted(i for b in random_batches for i in b) == list(range(203))
+    assert np.mean([lengths[b].max() - lengths[b].min() for b in random_batches]) > 40
 
 
 def test_overrides_index_lists_of_sections():

@@ -90,6 +90,9 @@ class DataConfig(StrictModel):
     dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
     max_length: int = Field(128, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
+    # training batches come from spans of this many batches sorted by length, so padding costs little;
+    # 1 = batches of random composition (what a shuffled DataLoader gives), at the price of more padding
+    bucket_batches: int = Field(50, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
     augment: AugmentConfig | None = None  # augmented transfer set for task distillation

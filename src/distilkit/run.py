@@ -176,7 +176,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                                                 cache_root(config.teacher.cache_dir))
         elif any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression)
+        train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression,
+                                      config.data.bucket_batches)
         eval_data = load_eval_data(config, task, tokenizer)
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)

@@ -20,12 +20,14 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 class TokenizedDataset(torch.utils.data.Dataset):
     """Examples tokenised once with the teacher's tokenizer, kept as int32 arrays."""
 
-    def __init__(self, examples: Sequence[Example], tokenizer, max_length: int, is_regression: bool = False):
+    def __init__(self, examples: Sequence[Example], tokenizer, max_length: int, is_regression: bool = False,
+                 bucket_batches: int = 50):
         if not examples:
             raise ValueError("cannot build a dataset from zero examples")
         self.examples = list(examples)
         self.max_length = max_length
         self.is_regression = is_regression
+        self.bucket_batches = bucket_batches  # see DataConfig.bucket_batches
         columns = list(zip(*(e.texts for e in self.examples)))
         encoded = tokenizer(*[list(c) for c in columns], truncation=True, max_length=max_length)
         self.input_ids = [np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"]]
@@ -75,7 +77,8 @@ class TokenizedDataset(torch.utils.data.Dataset):
         Yields (batch, position after it, last batch of the epoch): the interface every training
         data source shares (see `data.corpus.TextCorpus.batches`), so the loop resumes any of them.
         """
-        batches = LengthBucketBatchSampler(self.lengths, batch_size, seed).epoch_batches(epoch)
+        batches = LengthBucketBatchSampler(self.lengths, batch_size, seed,
+                                           bucket_batches=self.bucket_batches).epoch_batches(epoch)
         start = position or 0
         for number, indices in enumerate(batches[start:], start=start + 1):
             last = number == len(batches)
