@@ -38,26 +38,30 @@ def main() -> None:
         seed = int(folder.name.removeprefix("seed-"))
         by_seed[seed] = by_seed.get(seed, {}) | results(folder)
     sides = sorted({side for r in by_seed.values() for side in r}, key=lambda side: (side == "textbrewer", side))
-    complete = {seed: r for seed, r in sorted(by_seed.items()) if all(side in r for side in sides)}
-    if len(complete) < 2 or "textbrewer" not in sides:
-        raise SystemExit(f"fewer than 2 seeds where every side ({sides}) finished, under {args.main_work} and "
-                         f"{args.seeds_work}")
-    summary = {side: {"mean": statistics.mean(r[side] for r in complete.values()),
-                      "stdev": statistics.stdev(r[side] for r in complete.values())} for side in sides}
-    differences = {side: {seed: 100 * (r[side] - r["textbrewer"]) for seed, r in complete.items()}
-                   for side in sides if side != "textbrewer"}
-    result = {"seeds": complete, "summary": summary,
-              "paired_difference_vs_textbrewer_points": {
-                  side: {"per_seed": d, "mean": statistics.mean(d.values()), "stdev": statistics.stdev(d.values())}
-                  for side, d in differences.items()}}
+    by_seed = dict(sorted(by_seed.items()))
+    if "textbrewer" not in sides or sum("textbrewer" in r for r in by_seed.values()) < 2:
+        raise SystemExit(f"fewer than 2 seeds with a TextBrewer result under {args.main_work} and {args.seeds_work}")
+
+    def stats(values: list[float]) -> dict:
+        return {"mean": statistics.mean(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "seeds": len(values)}
+
+    summary = {side: stats([r[side] for r in by_seed.values() if side in r]) for side in sides}
+    differences = {side: {seed: 100 * (r[side] - r["textbrewer"]) for seed, r in by_seed.items()
+                          if side in r and "textbrewer" in r} for side in sides if side != "textbrewer"}
+    result = {"seeds": by_seed, "summary": summary,
+              "paired_difference_vs_textbrewer_points": {side: {"per_seed": d, **stats(list(d.values()))}
+                                                         for side, d in differences.items()}}
     (args.out / "seeds.json").write_text(json.dumps(result, indent=2))
-    lines = ["| seed | " + " | ".join(str(s) for s in complete) + " | mean ± sd |", "|---|" + "---|" * (len(complete) + 1)]
+    lines = ["| seed | " + " | ".join(str(s) for s in by_seed) + " | mean ± sd (seeds) |",
+             "|---|" + "---|" * (len(by_seed) + 1)]
     for side in sides:
-        lines.append(f"| {side} | " + " | ".join(f"{r[side]:.4f}" for r in complete.values())
-                     + f" | {summary[side]['mean']:.4f} ± {summary[side]['stdev']:.4f} |")
+        lines.append(f"| {side} | " + " | ".join(f"{r[side]:.4f}" if side in r else "–" for r in by_seed.values())
+                     + f" | {summary[side]['mean']:.4f} ± {summary[side]['stdev']:.4f} ({summary[side]['seeds']}) |")
     for side, d in result["paired_difference_vs_textbrewer_points"].items():
-        lines.append(f"| {side} − textbrewer (points) | " + " | ".join(f"{v:+.1f}" for v in d["per_seed"].values())
-                     + f" | {d['mean']:+.1f} ± {d['stdev']:.1f} |")
+        lines.append(f"| {side} − textbrewer (points) | "
+                     + " | ".join(f"{d['per_seed'][seed]:+.1f}" if seed in d["per_seed"] else "–" for seed in by_seed)
+                     + f" | {d['mean']:+.1f} ± {d['stdev']:.1f} ({d['seeds']}) |")
     print("\n".join(lines))
 
 
