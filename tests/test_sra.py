@@ -179,3 +179,12 @@ def test_untuned_similarity_on_a_paraphrase_task_fits_its_threshold_on_train(tmp
     assert scores["accuracy"] == 1.0 and scores["f1"] == 1.0
     bad = cli("similarity", str(tiny_base_model), "--task", "sst2", "--data", str(glue_dir))
     assert bad.returncode != 0 and "paraphrase task; use stsb" in bad.stderr
+    # data shipped without a dev file: the error says what to do, and held-out train pairs are scored
+    (qqp / "dev.tsv").unlink()
+    no_dev = cli("similarity", str(tiny_base_model), "--task", "qqp", "--data", str(glue_dir))
+    assert no_dev.returncode != 0 and "--held-out-train" in no_dev.stderr
+    held_out = cli("similarity", str(tiny_base_model), "--task", "qqp", "--data", str(glue_dir), "--pooling", "mean",
+                   "--held-out-train")
+    assert held_out.returncode == 0, held_out.stderr
+    scores = json.loads(held_out.stdout)
+    assert scores["pairs"] == 20 and scores["threshold_pairs"] == 20 and scores["accuracy"] == 1.0

@@ -119,11 +119,15 @@ def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student
                pooling: Annotated[str, typer.Option(help="transformers: cls or mean")] = "cls",
                max_length: int = 128,
                max_pairs: Annotated[int | None, typer.Option(help="a seeded sample of at most this many pairs "
-                                                                  "from each split read (QQP dev has 40k)")] = None) -> None:
+                                                                  "from each split read (QQP dev has 40k)")] = None,
+               held_out_train: Annotated[bool, typer.Option(help="for data without a dev file: score one seeded half "
+                                                                 "of the train pairs, fit the threshold on the other")] = False
+               ) -> None:
     """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold label."""
     import random
 
     from distilkit.config import build_config
+    from distilkit.data.readers import DataError
     from distilkit.evaluate.similarity import untuned_similarity
     from distilkit.run import read_split, task_spec
 
@@ -137,10 +141,20 @@ def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student
             raise ValueError(f"{task} is not a sentence-pair similarity or paraphrase task; use stsb, qqp or mrpc")
         if max_pairs is not None and max_pairs < 2:
             raise ValueError(f"--max-pairs {max_pairs} is too few: give at least 2 (or leave it out for every pair)")
-        threshold_pairs = None if spec.is_regression else sample(read_split(config, spec, "train"))
-        result = {"model": model, "task": spec.name, "pooling": pooling,
-                  **untuned_similarity(model, sample(read_split(config, spec, "dev")), pooling, max_length,
-                                       threshold_pairs)}
+        if held_out_train:
+            train = read_split(config, spec, "train")
+            train = random.Random(0).sample(train, len(train))
+            fit, scored, split = train[: len(train) // 2], train[len(train) // 2:], "held-out half of train"
+        else:
+            split = "dev"
+            fit = [] if spec.is_regression else read_split(config, spec, "train")
+            try:
+                scored = read_split(config, spec, "dev")
+            except DataError as err:
+                raise DataError(f"{err}; --held-out-train scores held-out train pairs instead") from None
+        threshold_pairs = None if spec.is_regression else sample(fit)
+        result = {"model": model, "task": spec.name, "pooling": pooling, "scored": split,
+                  **untuned_similarity(model, sample(scored), pooling, max_length, threshold_pairs)}
     except _user_errors() as err:
         _fail(err)
     print(json.dumps(result, indent=2))
