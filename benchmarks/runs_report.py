@@ -238,7 +238,8 @@ def sra() -> None:
         keys = [k for k, v in next(iter(results.values())).items() if isinstance(v, float)]
         how = ("cosine vs gold score" if task == "stsb" else
                "cosine above the threshold that fits train pairs best = paraphrase; Table 5 shape")
-        lines += ["", f"Untuned sentence embeddings on {task.upper()} dev ({how}):", "",
+        scored = next(iter(results.values())).get("scored", "dev")
+        lines += ["", f"Untuned sentence embeddings on {task.upper()}, {scored} ({how}):", "",
                   "| model | pooling | pairs | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
         lines += [f"| {name} | {'S_x' if 'sra' in name else s['pooling']} | {s['pairs']} | "
                   + " | ".join(f"{s[k]:.4f}" for k in keys) + " |" for name, s in results.items()]
