@@ -174,7 +174,7 @@ def augmentation_table(student: str, plain: dict | None, augmented: dict | None,
     lines += ["", f"Gain from augmentation (best checkpoints): accuracy {gain['accuracy']:+.1f}, F1 {gain['f1']:+.1f} points."]
     built = augmentation_record(augmented_name)
     if built:
-        lines.append(f"Augmenting {built['examples']} examples ({built['settings']['copies']} copies each, "
+        lines.append(f"Augmenting {built['examples']} examples ({built['settings']['copies']} altered cop{'y' if built['settings']['copies'] == 1 else 'ies'} each, "
                      f"candidates from {built['settings']['candidates_from']}) took {built['seconds']:.0f} s, once; "
                      "cached for every later run.")
     return lines
