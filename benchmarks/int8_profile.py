@@ -9,7 +9,6 @@ Usage (prints JSON; the markdown table goes to stderr):
   python benchmarks/int8_profile.py benchmarks/work/smoothing-refbert/sst2-kd-s3first/best --task sst2
 """
 
-import argparse
 import json
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 from distilkit.evaluate.speed import all_threads, throughput
 from distilkit.export import export_onnx, quantize_int8
 from distilkit.run import environment, model_split
+from int8_variants import student_arguments
 
 
 def profiled_run(onnx_path: Path, dev, threads: int, profile_dir: Path) -> dict:
@@ -62,12 +62,8 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("student", type=Path)
-    parser.add_argument("--task", default="sst2")
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
-    spec, dev = model_split(args.task, args.student, max_length=args.max_length)
+    args = student_arguments()
+    _, dev = model_split(args.task, args.student, max_length=args.max_length)
     threads = all_threads()
     result = {"student": str(args.student), "task": args.task, "threads": threads, "environment": environment()}
     with tempfile.TemporaryDirectory() as tmp:

@@ -71,12 +71,17 @@ def measure(student: Path, task: str, variants: dict, max_length: int = 128) -> 
             "variants": results}
 
 
-def main() -> None:
+def student_arguments() -> argparse.Namespace:
+    """STUDENT --task --max-length: what the one-student int8 scripts read."""
     parser = argparse.ArgumentParser()
     parser.add_argument("student", type=Path)
     parser.add_argument("--task", default="sst2")
     parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = student_arguments()
     print(json.dumps(measure(args.student, args.task, VARIANTS, args.max_length), indent=2))
 
 

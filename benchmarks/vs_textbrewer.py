@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from distilkit.config import DataConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TEACHER = str(ROOT / "benchmarks/work/teachers/sst2/best")
 
@@ -182,9 +184,12 @@ def markdown(result: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+DEFAULT_BUCKET_BATCHES = DataConfig.model_fields["bucket_batches"].default
+
+
 def side_folder(args, side: str) -> Path:
     """Where one side works and writes result.json; a distilkit side with other batching gets its own folder."""
-    if side == "distilkit" and args.distilkit_bucket_batches != 50:
+    if side == "distilkit" and args.distilkit_bucket_batches != DEFAULT_BUCKET_BATCHES:
         return args.work / f"distilkit-bucket{args.distilkit_bucket_batches}"
     return args.work / side
 
@@ -199,7 +204,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--distilkit-precision", choices=["auto", "bf16", "no"], default="auto")
-    parser.add_argument("--distilkit-bucket-batches", type=int, default=50,
+    parser.add_argument("--distilkit-bucket-batches", type=int, default=DEFAULT_BUCKET_BATCHES,
                         help="data.bucket_batches of the distilkit side (1 = batches of random composition, as TextBrewer's)")
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer")
