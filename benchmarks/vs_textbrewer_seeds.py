@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def results(folder: Path) -> dict[str, float]:
-    """Dev accuracy of every side that finished in one work folder (distilkit, textbrewer, distilkit-bucketN)."""
-    return {f.parent.name: json.loads(f.read_text())["dev_accuracy"] for f in sorted(folder.glob("*/result.json"))}
+def results(folder: Path) -> dict[str, dict]:
+    """The result of every side that finished in one work folder (distilkit, textbrewer, distilkit-bucketN)."""
+    return {f.parent.name: json.loads(f.read_text()) for f in sorted(folder.glob("*/result.json"))}
 
 
 def main() -> None:
@@ -33,10 +33,13 @@ def main() -> None:
     parser.add_argument("--seeds-work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer-seeds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer-fp32")
     args = parser.parse_args()
-    by_seed: dict[int, dict[str, float]] = {args.main_seed: results(args.main_work)}
+    runs: dict[int, dict[str, dict]] = {args.main_seed: results(args.main_work)}
     for folder in sorted(args.seeds_work.glob("seed-*")):
         seed = int(folder.name.removeprefix("seed-"))
-        by_seed[seed] = by_seed.get(seed, {}) | results(folder)
+        runs[seed] = runs.get(seed, {}) | results(folder)
+    by_seed = {seed: {side: r["dev_accuracy"] for side, r in sides.items()} for seed, sides in runs.items()}
+    # training seconds of each run, one job at a time (the README's time ratios; not a side-by-side measurement)
+    seconds = {seed: {side: r["total_seconds"] for side, r in sides.items()} for seed, sides in sorted(runs.items())}
     sides = sorted({side for r in by_seed.values() for side in r}, key=lambda side: (side == "textbrewer", side))
     by_seed = dict(sorted(by_seed.items()))
     if "textbrewer" not in sides or sum("textbrewer" in r for r in by_seed.values()) < 2:
@@ -49,7 +52,7 @@ def main() -> None:
     summary = {side: stats([r[side] for r in by_seed.values() if side in r]) for side in sides}
     differences = {side: {seed: 100 * (r[side] - r["textbrewer"]) for seed, r in by_seed.items()
                           if side in r and "textbrewer" in r} for side in sides if side != "textbrewer"}
-    result = {"seeds": by_seed, "summary": summary,
+    result = {"seeds": by_seed, "total_seconds": seconds, "summary": summary,
               "paired_difference_vs_textbrewer_points": {side: {"per_seed": d, **stats(list(d.values()))}
                                                          for side, d in differences.items()}}
     (args.out / "seeds.json").write_text(json.dumps(result, indent=2))
