@@ -8,6 +8,7 @@ Usage: python benchmarks/runs_report.py
 
 import functools
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -71,9 +72,10 @@ def environment(folder: str, runs: dict[str, dict]) -> str:
 
 def general() -> None:
     out = RESULTS / "general"
-    runs = collect(["gd-s4-312"] + [f"{task}-{m}-s4-{init}" for task in ("mrpc", "sst2") for m in GD_METHODS
-                                    for init in ("gd", "random")]
-                   + [f"sst2-{a}-s4-gd" for a in ABLATIONS] + [run for pair in DA_PAIRS.values() for run in pair],
+    runs = collect(["gd-s4-312"] + [seeded(f"{task}-{m}-s4-{init}", seed) for task in ("mrpc", "sst2")
+                                    for m in GD_METHODS for init in ("gd", "random") for seed in SEEDS]
+                   + [seeded(f"sst2-{a}-s4-gd", seed) for a in ABLATIONS for seed in SEEDS]
+                   + [run for pair in DA_PAIRS.values() for run in pair],
                    "general")
     if not runs:
         return
@@ -92,6 +94,23 @@ def general() -> None:
 
 
 GD_METHODS = ("kd", "tinybert", "lrc", "codir")
+SEEDS = (42, 1, 2)  # training seeds; the runs of seed 42 keep their first folder names
+
+
+def seeded(name: str, seed: int) -> str:
+    return name if seed == 42 else f"{name}-seed{seed}"
+
+
+def spread(values: list[float], scale: float = 1.0, sign: bool = False) -> str:
+    """Mean ± sample standard deviation over seeds (the mean alone for one seed)."""
+    mean = f"{scale * statistics.mean(values):{'+' if sign else ''}.{1 if scale == 100 else 4}f}"
+    return mean if len(values) < 2 else f"{mean} ± {scale * statistics.stdev(values):.{1 if scale == 100 else 4}f}"
+
+
+def paired(runs: dict[str, dict], first: str, second: str) -> list[tuple[int, dict, dict]]:
+    """The seeds at which both runs exist, with the two runs."""
+    return [(seed, runs[seeded(first, seed)], runs[seeded(second, seed)]) for seed in SEEDS
+            if seeded(first, seed) in runs and seeded(second, seed) in runs]
 # the papers' ablations, each beside the full method it removes something from
 ABLATIONS = {"lrc-one-stage": ("lrc", "LRC-BERT₂: 1:1:3 throughout, no two-stage schedule"),
              "lrc-no-perturbation": ("lrc", "LRC-BERT_g: no gradient perturbation"),
@@ -104,38 +123,49 @@ DA_PAIRS = {"S4-312 from general distillation": ("mrpc-kd-s4-gd-9epochs", "mrpc-
 
 
 def ablation_table(runs: dict[str, dict]) -> list[str]:
-    rows = [(name, *ABLATIONS[name], runs[f"sst2-{name}-s4-gd"], runs[f"sst2-{full}-s4-gd"])
-            for name, (full, _) in ABLATIONS.items()
-            if f"sst2-{name}-s4-gd" in runs and f"sst2-{full}-s4-gd" in runs]
+    rows = {name: (full, what, pairs) for name, (full, what) in ABLATIONS.items()
+            if (pairs := paired(runs, f"sst2-{full}-s4-gd", f"sst2-{name}-s4-gd"))}
     if not rows:
         return []
-    lines = ["", "SST-2 dev accuracy, the papers' ablations on the general-distilled S4-312 (same budget and seed as "
-                 "the full method):", "", "| ablation | what changes | full method | ablation | change | train s (full → ablation) |",
-             "|---|---|---|---|---|---|"]
-    for name, full, what, ablated, full_run in rows:
-        a, f = dev(ablated)["accuracy"], dev(full_run)["accuracy"]
-        lines.append(f"| {name} | {what} | {full} {f:.4f} | {a:.4f} | {100 * (a - f):+.1f} | "
-                     f"{full_run['train_seconds']:.0f} → {ablated['train_seconds']:.0f} |")
+    lines = ["", "SST-2 dev accuracy, the papers' ablations on the general-distilled S4-312, each paired with the full "
+                 "method at the same budget and training seeds (mean ± sd over seeds; change in points):", "",
+             "| ablation | what changes | seeds | full method | ablation | change | change per seed | "
+             "train s (full → ablation) |", "|---|---|---|---|---|---|---|---|"]
+    for name, (full, what, pairs) in rows.items():
+        f = [dev(full_run)["accuracy"] for _, full_run, _ in pairs]
+        a = [dev(ablated)["accuracy"] for _, _, ablated in pairs]
+        changes = [x - y for x, y in zip(a, f)]
+        lines.append(f"| {name} | {what} | {', '.join(str(seed) for seed, _, _ in pairs)} | {full} {spread(f)} | "
+                     f"{spread(a)} | {spread(changes, 100, sign=True)} | "
+                     f"{', '.join(f'{100 * c:+.1f}' for c in changes)} | "
+                     f"{statistics.mean(r['train_seconds'] for _, r, _ in pairs):.0f} → "
+                     f"{statistics.mean(r['train_seconds'] for _, _, r in pairs):.0f} |")
     return lines
 
 
 def gain_table(task: str, metrics: tuple[str, ...], runs: dict[str, dict], out: Path) -> list[str]:
     """Task distillation from the general-distilled S4-312 vs from random init, per method, with a bar plot."""
-    pairs = {m: (runs[f"{task}-{m}-s4-random"], runs[f"{task}-{m}-s4-gd"]) for m in GD_METHODS
-             if f"{task}-{m}-s4-random" in runs and f"{task}-{m}-s4-gd" in runs}
+    pairs = {m: found for m in GD_METHODS if (found := paired(runs, f"{task}-{m}-s4-random", f"{task}-{m}-s4-gd"))}
     if not pairs:
         return []
-    lines = ["", f"{task.upper()} dev, S4-312 from general distillation vs from random init (same method, budget, "
-                 "seed):", "", "| method | " + " | ".join(f"{k} random | {k} GD | gain" for k in metrics) + " |",
-             "|---|" + "---|---|---|" * len(metrics)]
-    for method, (random_run, gd_run) in pairs.items():
-        r, g = dev(random_run), dev(gd_run)
-        lines.append(f"| {method} | " + " | ".join(f"{r[k]:.4f} | {g[k]:.4f} | {100 * (g[k] - r[k]):+.1f}"
-                                                   for k in metrics) + " |")
+    lines = ["", f"{task.upper()} dev, S4-312 from general distillation vs from random init (same method, budget and "
+                 "training seeds; mean ± sd over seeds, gain in points):", "",
+             "| method | seeds | " + " | ".join(f"{k} random | {k} GD | gain | gain per seed" for k in metrics) + " |",
+             "|---|---|" + "---|---|---|---|" * len(metrics)]
+    for method, found in pairs.items():
+        cells = []
+        for k in metrics:
+            r, g = [dev(run)[k] for _, run, _ in found], [dev(run)[k] for _, _, run in found]
+            gains = [y - x for x, y in zip(r, g)]
+            cells.append(f"{spread(r)} | {spread(g)} | {spread(gains, 100, sign=True)} | "
+                         + ", ".join(f"{100 * gain:+.1f}" for gain in gains))
+        lines.append(f"| {method} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
     fig, ax = plt.subplots(figsize=(5, 3.2))
     x = range(len(pairs))
-    ax.bar([i - 0.2 for i in x], [dev(r)["accuracy"] for r, _ in pairs.values()], 0.4, label="random init")
-    ax.bar([i + 0.2 for i in x], [dev(g)["accuracy"] for _, g in pairs.values()], 0.4, label="general-distilled")
+    for offset, side, label in ((-0.2, 1, "random init"), (0.2, 2, "general-distilled")):
+        scores = [[dev(seed_runs[side])["accuracy"] for seed_runs in found] for found in pairs.values()]
+        ax.bar([i + offset for i in x], [statistics.mean(s) for s in scores], 0.4, label=label,
+               yerr=[statistics.stdev(s) if len(s) > 1 else 0 for s in scores], capsize=3)
     ax.set_xticks(list(x), list(pairs))
     ax.set_ylim(0.45, 0.9)
     ax.set_ylabel(f"{task.upper()} dev accuracy")
