@@ -36,11 +36,12 @@ fi
 
 seed_suffix() { [ "$1" = 42 ] || echo "-seed$1"; }  # seed 42 runs keep their first folder names
 
-if want gd-sst2; then
-  # the same comparison on SST-2 (seeded 4k cap and its teacher), 3 epochs at lr 3e-4, three training seeds
-  # (the 4k subset is drawn with a fixed seed of its own, so every run reads the same examples)
-  teacher sst2-4k
-  for seed in 42 1 2; do
+# SST-2 (seeded 4k cap and its teacher), 3 epochs at lr 3e-4, one training seed at a time so that each seed
+# completes its comparison; the 4k subset is drawn with a fixed seed of its own, so every run reads the same examples
+for seed in 42 1 2; do
+  if want gd-sst2; then
+    # the same comparison as on MRPC: from the general-distilled S4-312 vs from random init
+    teacher sst2-4k
     for method in tinybert codir lrc kd; do
       for init in gd random; do
         extra=(); [ $init = gd ] && extra=(--set student.init=pretrained --set student.pretrained=$GD)
@@ -49,21 +50,18 @@ if want gd-sst2; then
             --set train.seed=$seed --set teacher.model=$W/teachers/sst2-4k/best "${extra[@]}"
       done
     done
-  done
-fi
-
-if want ablations-sst2; then
-  # the papers' ablations on the general-distilled S4-312, same budget and seeds as gd-sst2's gd runs
-  teacher sst2-4k
-  for seed in 42 1; do
+  fi
+  if want ablations-sst2; then
+    # the papers' ablations on the general-distilled S4-312, same budget and seed as the gd runs above
+    teacher sst2-4k
     for ablation in lrc-one-stage lrc-no-perturbation lrc-mse codir-cls codir-k100; do
       run $W/general/sst2-$ablation-s4-gd$(seed_suffix $seed) $C/contrastive/sst2-$ablation-s4.yaml \
           --set train.epochs=3 --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \
           --set train.seed=$seed --set teacher.model=$W/teachers/sst2-4k/best \
           --set student.init=pretrained --set student.pretrained=$GD
     done
-  done
-fi
+  fi
+done
 
 if want sra; then
   # SRA distillation: BiLSTM on 300 steps x 128 Wikipedia sentences
