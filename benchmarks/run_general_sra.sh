@@ -2,7 +2,7 @@
 # Acceptance runs for issue 6 (general distillation, augmentation) and issue 5 (SRA BiLSTM), at the
 # CPU budget of one session on 2 cores (times measured there are in benchmarks/results/general and
 # benchmarks/results/sra). Run from the repository root, one job at a time:
-#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general] [gd-sst2] [ablations-sst2] [sra] [da]
+#   DISTILKIT_DATA=../shared/data benchmarks/run_general_sra.sh [general] [gd-sst2] [ablations-sst2] [collapse-check] [sra] [da]
 # Finished runs (their metrics.json exists) are skipped, so an interrupted script resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity,
   [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
 }
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
-parts=" ${*:-general gd-sst2 ablations-sst2 sra da} "
+parts=" ${*:-general gd-sst2 ablations-sst2 collapse-check sra da} "
 want() { [[ $parts == *" $1 "* ]]; }
 
 if want general; then
@@ -62,6 +62,17 @@ for seed in 42 1 2; do
     done
   fi
 done
+
+if want collapse-check; then
+  # two runs above stayed at the majority class (kd from GD at seed 1, tinybert from random init at seed 2):
+  # the same runs at lr 1e-4 tell whether lr 3e-4 is what stops them learning
+  run $W/general/sst2-kd-s4-gd-seed1-lr1e-4 $C/contrastive/sst2-kd-s4.yaml --set train.epochs=3 \
+      --set train.learning_rate=1e-4 --set data.max_train_examples=4000 --set train.seed=1 \
+      --set teacher.model=$W/teachers/sst2-4k/best --set student.init=pretrained --set student.pretrained=$GD
+  run $W/general/sst2-tinybert-s4-random-seed2-lr1e-4 $C/contrastive/sst2-tinybert-s4.yaml --set train.epochs=3 \
+      --set train.learning_rate=1e-4 --set data.max_train_examples=4000 --set train.seed=2 \
+      --set teacher.model=$W/teachers/sst2-4k/best
+fi
 
 if want sra; then
   # SRA distillation: BiLSTM on 300 steps x 128 Wikipedia sentences

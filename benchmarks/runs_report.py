@@ -75,7 +75,7 @@ def general() -> None:
     runs = collect(["gd-s4-312"] + [seeded(f"{task}-{m}-s4-{init}", seed) for task in ("mrpc", "sst2")
                                     for m in GD_METHODS for init in ("gd", "random") for seed in SEEDS]
                    + [seeded(f"sst2-{a}-s4-gd", seed) for a in ABLATIONS for seed in SEEDS]
-                   + [run for pair in DA_PAIRS.values() for run in pair],
+                   + [run for pair in DA_PAIRS.values() for run in pair] + list(COLLAPSE_CHECKS),
                    "general")
     if not runs:
         return
@@ -88,6 +88,7 @@ def general() -> None:
     for task, metrics in (("mrpc", ("accuracy", "f1", "final accuracy")), ("sst2", ("accuracy",))):
         lines += gain_table(task, metrics, runs, out)
     lines += ablation_table(runs)
+    lines += collapse_table(runs)
     for student, (plain, augmented) in DA_PAIRS.items():
         lines += augmentation_table(student, runs.get(plain), runs.get(augmented), augmented)
     lines += command("run_general_sra.sh")
@@ -121,6 +122,21 @@ ABLATIONS = {"lrc-one-stage": ("lrc", "LRC-BERT₂: 1:1:3 throughout, no two-sta
 # TinyBERT-style DA on MRPC: (originals only, originals + augmented copies), per student
 DA_PAIRS = {"S4-312 from general distillation": ("mrpc-kd-s4-gd-9epochs", "mrpc-da-kd-s4-gd"),
             "S3-384 from teacher layers 2/4/6": ("mrpc-kd-s3-layers", "mrpc-da-kd-s3-layers")}
+
+
+# runs that stayed at the majority class at lr 3e-4, rerun at lr 1e-4 with the same seed
+COLLAPSE_CHECKS = {"sst2-kd-s4-gd-seed1-lr1e-4": "sst2-kd-s4-gd-seed1",
+                   "sst2-tinybert-s4-random-seed2-lr1e-4": "sst2-tinybert-s4-random-seed2"}
+
+
+def collapse_table(runs: dict[str, dict]) -> list[str]:
+    rows = [(original, runs[original], runs[rerun]) for rerun, original in COLLAPSE_CHECKS.items()
+            if rerun in runs and original in runs]
+    if not rows:
+        return []
+    return ["", "SST-2 runs that stayed at the majority class (dev accuracy 0.5092), the same run at lr 1e-4:", "",
+            "| run | lr 3e-4 | lr 1e-4 |", "|---|---|---|",
+            *[f"| {name} | {dev(first)['accuracy']:.4f} | {dev(rerun)['accuracy']:.4f} |" for name, first, rerun in rows]]
 
 
 def ablation_table(runs: dict[str, dict]) -> list[str]:
