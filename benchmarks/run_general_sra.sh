@@ -19,8 +19,13 @@ similarity() {  # similarity NAME MODEL [options]: untuned STS-B dev similarity,
   [ -f "$file" ] || { distilkit similarity "$@" > "$file.part" && mv "$file.part" "$file"; }
 }
 teacher() { [ -f "$W/teachers/$1/best/config.json" ] || distilkit finetune "$C/teacher-$1.yaml"; }
-parts=" ${*:-general gd-sst2 ablations-sst2 collapse-check sra da} "
+known="general gd-sst2 ablations-sst2 collapse-check sra da"
+for part in "$@"; do
+  [[ " $known " == *" $part "* ]] || { echo "unknown part '$part'; choose from: $known" >&2; exit 2; }
+done
+parts=" ${*:-$known} "
 want() { [[ $parts == *" $1 "* ]]; }
+from_gd=(--set student.init=pretrained --set student.pretrained=$GD)  # start from the general-distilled S4-312
 
 if want general; then
   # TinyBERT general distillation: S4-312 from the base T6 on Wikipedia, 800 steps x 32 packed 128-token segments
@@ -28,37 +33,34 @@ if want general; then
   teacher mrpc
   # task distillation on MRPC, 3 epochs each: from the general-distilled student vs from random init
   for method in tinybert lrc codir kd; do
-    run $W/general/mrpc-$method-s4-gd $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3 \
-        --set student.init=pretrained --set student.pretrained=$GD
+    run $W/general/mrpc-$method-s4-gd $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3 "${from_gd[@]}"
     run $W/general/mrpc-$method-s4-random $C/contrastive/mrpc-$method-s4.yaml --set train.epochs=3
   done
 fi
 
 seed_suffix() { [ "$1" = 42 ] || echo "-seed$1"; }  # seed 42 runs keep their first folder names
 
-# SST-2 (seeded 4k cap and its teacher), 3 epochs at lr 3e-4, one training seed at a time so that each seed
-# completes its comparison; the 4k subset is drawn with a fixed seed of its own, so every run reads the same examples
+# SST-2 (seeded 4k cap and its teacher), 3 epochs; the 4k subset is drawn with a fixed seed of its own, so every
+# run reads the same examples
+sst2=(--set train.epochs=3 --set data.max_train_examples=4000 --set teacher.model=$W/teachers/sst2-4k/best)
+if want gd-sst2 || want ablations-sst2 || want collapse-check; then teacher sst2-4k; fi
+# lr 3e-4, one training seed at a time so that each seed completes its comparison
 for seed in 42 1 2; do
   if want gd-sst2; then
     # the same comparison as on MRPC: from the general-distilled S4-312 vs from random init
-    teacher sst2-4k
     for method in tinybert codir lrc kd; do
       for init in gd random; do
-        extra=(); [ $init = gd ] && extra=(--set student.init=pretrained --set student.pretrained=$GD)
+        extra=(); [ $init = gd ] && extra=("${from_gd[@]}")
         run $W/general/sst2-$method-s4-$init$(seed_suffix $seed) $C/contrastive/sst2-$method-s4.yaml \
-            --set train.epochs=3 --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \
-            --set train.seed=$seed --set teacher.model=$W/teachers/sst2-4k/best "${extra[@]}"
+            "${sst2[@]}" --set train.learning_rate=3e-4 --set train.seed=$seed "${extra[@]}"
       done
     done
   fi
   if want ablations-sst2; then
     # the papers' ablations on the general-distilled S4-312, same budget and seed as the gd runs above
-    teacher sst2-4k
     for ablation in lrc-one-stage lrc-no-perturbation lrc-mse codir-cls codir-k100; do
       run $W/general/sst2-$ablation-s4-gd$(seed_suffix $seed) $C/contrastive/sst2-$ablation-s4.yaml \
-          --set train.epochs=3 --set train.learning_rate=3e-4 --set data.max_train_examples=4000 \
-          --set train.seed=$seed --set teacher.model=$W/teachers/sst2-4k/best \
-          --set student.init=pretrained --set student.pretrained=$GD
+          "${sst2[@]}" --set train.learning_rate=3e-4 --set train.seed=$seed "${from_gd[@]}"
     done
   fi
 done
@@ -66,12 +68,10 @@ done
 if want collapse-check; then
   # two runs above stayed at the majority class (kd from GD at seed 1, tinybert from random init at seed 2):
   # the same runs at lr 1e-4 tell whether lr 3e-4 is what stops them learning
-  run $W/general/sst2-kd-s4-gd-seed1-lr1e-4 $C/contrastive/sst2-kd-s4.yaml --set train.epochs=3 \
-      --set train.learning_rate=1e-4 --set data.max_train_examples=4000 --set train.seed=1 \
-      --set teacher.model=$W/teachers/sst2-4k/best --set student.init=pretrained --set student.pretrained=$GD
-  run $W/general/sst2-tinybert-s4-random-seed2-lr1e-4 $C/contrastive/sst2-tinybert-s4.yaml --set train.epochs=3 \
-      --set train.learning_rate=1e-4 --set data.max_train_examples=4000 --set train.seed=2 \
-      --set teacher.model=$W/teachers/sst2-4k/best
+  run $W/general/sst2-kd-s4-gd-seed1-lr1e-4 $C/contrastive/sst2-kd-s4.yaml \
+      "${sst2[@]}" --set train.learning_rate=1e-4 --set train.seed=1 "${from_gd[@]}"
+  run $W/general/sst2-tinybert-s4-random-seed2-lr1e-4 $C/contrastive/sst2-tinybert-s4.yaml \
+      "${sst2[@]}" --set train.learning_rate=1e-4 --set train.seed=2
 fi
 
 if want sra; then

@@ -103,16 +103,20 @@ def seeded(name: str, seed: int) -> str:
     return name if seed == 42 else f"{name}-seed{seed}"
 
 
-def spread(values: list[float], scale: float = 1.0, sign: bool = False) -> str:
-    """Mean ± sample standard deviation over seeds (the mean alone for one seed)."""
-    mean = f"{scale * statistics.mean(values):{'+' if sign else ''}.{1 if scale == 100 else 4}f}"
-    return mean if len(values) < 2 else f"{mean} ± {scale * statistics.stdev(values):.{1 if scale == 100 else 4}f}"
+def spread(values: list[float], points: bool = False) -> str:
+    """Mean ± sample standard deviation over seeds (the mean alone for one seed); `points`: differences
+    of scores, shown signed in points."""
+    scale, mean_format, sd_format = (100, "+.1f", ".1f") if points else (1, ".4f", ".4f")
+    mean = format(scale * statistics.mean(values), mean_format)
+    return mean if len(values) < 2 else f"{mean} ± {format(scale * statistics.stdev(values), sd_format)}"
 
 
 def paired(runs: dict[str, dict], first: str, second: str) -> list[tuple[int, dict, dict]]:
     """The seeds at which both runs exist, with the two runs."""
     return [(seed, runs[seeded(first, seed)], runs[seeded(second, seed)]) for seed in SEEDS
             if seeded(first, seed) in runs and seeded(second, seed) in runs]
+
+
 # the papers' ablations, each beside the full method it removes something from
 ABLATIONS = {"lrc-one-stage": ("lrc", "LRC-BERT₂: 1:1:3 throughout, no two-stage schedule"),
              "lrc-no-perturbation": ("lrc", "LRC-BERT_g: no gradient perturbation"),
@@ -153,7 +157,7 @@ def ablation_table(runs: dict[str, dict]) -> list[str]:
         a = [dev(ablated)["accuracy"] for _, _, ablated in pairs]
         changes = [x - y for x, y in zip(a, f)]
         lines.append(f"| {name} | {what} | {', '.join(str(seed) for seed, _, _ in pairs)} | {full} {spread(f)} | "
-                     f"{spread(a)} | {spread(changes, 100, sign=True)} | "
+                     f"{spread(a)} | {spread(changes, points=True)} | "
                      f"{', '.join(f'{100 * c:+.1f}' for c in changes)} | "
                      f"{statistics.mean(r['train_seconds'] for _, r, _ in pairs):.0f} → "
                      f"{statistics.mean(r['train_seconds'] for _, _, r in pairs):.0f} |")
@@ -179,7 +183,7 @@ def gain_table(task: str, metrics: tuple[str, ...], runs: dict[str, dict], out: 
         for k in metrics:
             r, g = [score(run, k) for _, run, _ in found], [score(run, k) for _, _, run in found]
             gains = [y - x for x, y in zip(r, g)]
-            cells.append(f"{spread(r)} | {spread(g)} | {spread(gains, 100, sign=True)} | "
+            cells.append(f"{spread(r)} | {spread(g)} | {spread(gains, points=True)} | "
                          + ", ".join(f"{100 * gain:+.1f}" for gain in gains))
         lines.append(f"| {method} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
     fig, ax = plt.subplots(figsize=(5, 3.2))
