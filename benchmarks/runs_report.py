@@ -35,13 +35,14 @@ def dev(run: dict) -> dict[str, float]:
 
 
 @functools.cache
+def log_entries(run_dir: str) -> tuple[dict, ...]:
+    """Read once per run: tables and plots ask for the same run's log several times."""
+    return tuple(json.loads(line) for line in (WORK / run_dir / "log.jsonl").read_text().splitlines())
+
+
 def logged_eval(run_dir: str, step: int) -> dict[str, float] | None:
-    """Read once per run: tables and plots ask for the same run's scores several times."""
-    for line in (WORK / run_dir / "log.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("step") == step and "eval" in entry:
-            return next(iter(entry["eval"].values()))
-    return None
+    return next((next(iter(e["eval"].values())) for e in log_entries(run_dir)
+                 if e.get("step") == step and "eval" in e), None)
 
 
 def row(name: str, run: dict) -> str:
@@ -89,6 +90,7 @@ def general() -> None:
         lines += gain_table(task, metrics, runs, out)
     lines += ablation_table(runs)
     lines += collapse_table(runs)
+    lines += prediction_stage_table(runs)
     for student, (plain, augmented) in DA_PAIRS.items():
         lines += augmentation_table(student, runs.get(plain), runs.get(augmented), augmented)
     lines += command("run_general_sra.sh")
@@ -141,6 +143,22 @@ def collapse_table(runs: dict[str, dict]) -> list[str]:
     return ["", "SST-2 runs that stayed at the majority class (dev accuracy 0.5092), the same run at lr 1e-4:", "",
             "| run | lr 3e-4 | lr 1e-4 |", "|---|---|---|",
             *[f"| {name} | {dev(first)['accuracy']:.4f} | {dev(rerun)['accuracy']:.4f} |" for name, first, rerun in rows]]
+
+
+def prediction_stage_table(runs: dict[str, dict]) -> list[str]:
+    """TinyBERT from random init: its prediction stage (the second half of the steps) starts from ln 2."""
+    names = [name for seed in SEEDS if (name := seeded("sst2-tinybert-s4-random", seed)) in runs]
+    if not names:
+        return []
+    lines = ["", "TinyBERT from random init on SST-2, its prediction stage (steps 188 – 375): prediction loss "
+                 "(ln 2 = 0.693 is chance) and dev accuracy at each evaluation:", "",
+             "| run | loss at 200 / 250 / 300 / 350 | dev accuracy by step |", "|---|---|---|"]
+    for name in names:
+        entries = log_entries(runs[name]["dir"])
+        loss = {e["step"]: e["loss/prediction"] for e in entries if "loss/prediction" in e}
+        evals = ", ".join(f"{e['step']}: {e['eval']['dev']['accuracy']:.4f}" for e in entries if "eval" in e)
+        lines.append(f"| {name} | {' / '.join(f'{loss[step]:.3f}' for step in (200, 250, 300, 350))} | {evals} |")
+    return lines
 
 
 def ablation_table(runs: dict[str, dict]) -> list[str]:
