@@ -277,11 +277,24 @@ class Plans:
             print(f"[plan] {cell.name}: config or inputs changed; earlier run moved to {aside}", file=sys.stderr)
         path = self.config_path(cell)
         print(f"[plan] {cell.name}: distilkit distill {path}", file=sys.stderr, flush=True)
-        result = subprocess.run([self.python, "-m", "distilkit", "distill", str(path)], stdout=subprocess.DEVNULL)
-        if result.returncode != 0 or not metrics.is_file():
-            raise RunError(f"cell {cell.name} failed (exit {result.returncode}); rerun `distilkit distill {path}` "
+        code = self.launch(path)
+        if code != 0 or not metrics.is_file():
+            raise RunError(f"cell {cell.name} failed (exit {code}); rerun `distilkit distill {path}` "
                            "to see why, then rerun the plan: finished cells are kept")
         return json.loads(metrics.read_text())
+
+    def launch(self, config_path: Path) -> int:
+        """Trains one cell in a fresh process, so that its peak memory and timings are its own."""
+        return subprocess.run([self.python, "-m", "distilkit", "distill", str(config_path)],
+                              stdout=subprocess.DEVNULL).returncode
+
+    def lineage(self, cell: Cell) -> list[Cell]:
+        """Every cell this one starts from or learns from, nearest first."""
+        found = []
+        for name in cell.upstream:
+            upstream = self.cell(name)
+            found += [upstream] + [c for c in self.lineage(upstream) if c not in found]
+        return found
 
     def config_path(self, cell: Cell) -> Path:
         path = Path(self.plan.output) / "configs" / f"{cell.name}.yaml"
@@ -328,9 +341,11 @@ class Plans:
             if self.plan.speed:
                 self.speed_record(cell, records_dir / f"{name}.json")
                 continue
-            metrics = self.train(cell)
-            if records_dir:
-                self.write_record(cell, metrics, records_dir / f"{name}.json")
+            self.train(cell)
+            if records_dir:  # the cell's record, and those of the cells it used (its teacher, its start)
+                for used in [cell, *self.lineage(cell)]:
+                    self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
+                                      records_dir / f"{used.name}.json")
         for step in self.plan.steps:
             if only and step.name not in only:
                 continue
@@ -499,3 +514,13 @@ def run_plan(name_or_path: str | Path, only: list[str] | None = None, overrides:
     path = find_plan(name_or_path)
     plans = Plans(load_plan(path, overrides), path)
     return plans.render() if report_only else plans.run(only)
+
+
+def find_preset(name: str) -> Path:
+    """A shipped experiment config by name: src/distilkit/presets/<name>.yaml."""
+    folder = Path(str(resources.files("distilkit") / "presets"))
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ConfigError(f"no preset named {name!r}; presets: {names} (plans run with `distilkit bench NAME`)")
+    return path

@@ -174,7 +174,7 @@ def provenance(records: list[dict]) -> list[str]:
     return lines + [f"- {machine} Runs: {', '.join(cells)}." for machine, cells in groups.items()] + [""]
 
 
-def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") -> Path:
+def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark", command: str | None = None) -> Path:
     """Writes `report.md` and its plots (PNG) into `out_dir`; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") 
         loss_plot = f"loss_{task}.png"
         plots[loss_plot] = plot_loss_curves(group, out_dir / loss_plot)
         lines += [f"![loss curves, {task}]({loss_plot})", ""]
-    lines += ["## Commands", "", "```sh", *sorted({r["bench_command"] for r in records}),
+    lines += ["## Commands", "", "```sh", *([command] if command else sorted({r["bench_command"] for r in records})),
               "# each run alone:", *sorted({r["command"] for r in records}), "```", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
     return out_dir / "report.md"
@@ -482,8 +482,8 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
     plan used) are there for tables that name them."""
     out_dir = Path(plan.results)
     if plan.speed:
-        speed_records = [records[name] for name in cells if name in records and "speed" in records[name]]
-        return render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}")
+        speed_records = [records[name] for name in sorted(cells) if name in records and "speed" in records[name]]
+        return render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}", command=command)
     runs = {name: records[name] for name in cells if name in records and "best" in records[name]}
     steps = {name: r for name, r in records.items() if name not in cells and "best" not in r}
     everything = {name: r for name, r in records.items() if "best" in r}
