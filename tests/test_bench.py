@@ -278,3 +278,17 @@ def test_cli_submit_and_predict_int8(tmp_path, glue_dir, tiny_teacher):
     result = run(app, ["predict", str(exported), "the film was good", "a dull plot", "--int8"])
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["label"] in ("0", "1") for line in result.output.splitlines()] == [True, True]
+
+
+@pytest.mark.parametrize("name", ["foundation", "general", "sra", "smoothing-refbert", "glue-methods"])
+def test_committed_reports_regenerate_from_their_committed_records(name, tmp_path, monkeypatch):
+    """Acceptance 4 of issue 20: every table of a committed report.md comes back from its records alone."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    results = root / "benchmarks" / "results" / name
+    shutil.copytree(results / "records", tmp_path / "records")
+    plans = Plans(load_plan(name, [f"results={tmp_path}"]))
+    plans.render()
+    assert (tmp_path / "report.md").read_text() == (results / "report.md").read_text()
