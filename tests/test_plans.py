@@ -98,6 +98,27 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     assert launched == ["general", "task-kd", "task-finetune"]
 
 
+def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
+                                                               launched):
+    script = tmp_path / "measure.py"
+    script.write_text("import json, os, sys\nprint(json.dumps({'measured': sys.argv[1], 'files': len(os.listdir(sys.argv[1]))}))\n")
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    plan["steps"] = [{"name": "size-kd", "command": f"python {script} {{task-kd}}/best"}]
+    path = write(tmp_path, plan)
+    Plans(load_plan(path)).run(only=["size-kd"])  # a step alone trains the cells it measures first
+    assert launched == ["general", "task-kd"]
+    record = json.loads((tmp_path / "results" / "records" / "size-kd.json").read_text())
+    assert record["measured"] == str(tmp_path / "plan" / "task-kd" / "best") and record["files"] > 0
+    output = tmp_path / "plan" / "stages" / "size-kd.json"
+    measured_at = output.stat().st_mtime_ns
+    Plans(load_plan(path)).run(only=["size-kd"])
+    assert output.stat().st_mtime_ns == measured_at  # not measured again
+    plan["cells"][1]["axes"]["method"]["kd"]["train"] = {"max_steps": 2}
+    Plans(load_plan(write(tmp_path, plan))).run(only=["size-kd"])
+    assert output.stat().st_mtime_ns > measured_at  # its cell changed: measured again
+
+
 def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                               launched, monkeypatch):
     path = write(tmp_path, tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir))

@@ -25,6 +25,7 @@ import copy
 import json
 import shlex
 import shutil
+import string
 import subprocess
 import sys
 import time
@@ -303,14 +304,17 @@ class Plans:
         return path
 
     def step(self, step: Step) -> dict:
-        """The step's JSON output, its command run first when the file is missing."""
-        dirs = {name: str(self.cell(name).dir) for name in {**self.own, **self.included}}
+        """The step's JSON output, its command run first when the file is missing or older than a cell it
+        measures."""
         file = Path(step.file or Path(self.plan.output) / self.plan.name / f"{step.name}.json")
-        if not file.is_file():
-            command = step.command.format(**dirs)
+        used = [self.cell(name) for name in self.referenced(step)]
+        for cell in used:
+            self.train(cell)
+        stale = any((c.dir / "metrics.json").stat().st_mtime > file.stat().st_mtime for c in used) \
+            if file.is_file() else True
+        if stale:
+            command = step.command.format(**{c.name: str(c.dir) for c in used})
             argv = shlex.split(command)
-            for name in self.referenced(step):
-                self.train(self.cell(name))
             argv = ([self.python, "-m", "distilkit"] + argv[1:] if argv[0] == "distilkit"
                     else [self.python] + argv[1:] if argv[0] == "python" else argv)
             print(f"[plan] step {step.name}: {command}", file=sys.stderr, flush=True)
@@ -322,8 +326,7 @@ class Plans:
         return json.loads(file.read_text())
 
     def referenced(self, step: Step) -> list[str]:
-        import string
-
+        """The cells a step's command names, as "{cell}"."""
         return [f for _, f, _, _ in string.Formatter().parse(step.command) if f]
 
     def run(self, only: list[str] | None = None) -> dict[str, dict]:
