@@ -31,10 +31,13 @@ def test_shipped_preset_is_valid(path):
 def test_plan_cells_resolve_to_valid_configs(path, monkeypatch):
     monkeypatch.chdir(ROOT)  # benchmark plans include each other by name, from the repository root
     plan = load_plan(path)
-    cells = Plans(plan, path).cells()
-    assert cells and plan.name == path.stem
+    plans = Plans(plan, path)
+    cells = plans.cells()
+    assert (cells or plan.steps) and plan.name == path.stem
     for cell in cells.values():
         assert cell.config.output.dir.startswith(plan.output)
+    for step in plan.steps:  # the cells a measurement step names exist
+        assert all(plans.cell(name) for name in plans.referenced(step))
 
 
 def test_plans_are_reached_by_name(monkeypatch):

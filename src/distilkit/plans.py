@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 import shutil
-import string
 import subprocess
 import sys
 import time
@@ -90,7 +90,7 @@ class Plan(StrictModel):
     results: str | None = None  # records, report and plots (committed)
     include: list[str] = Field(default_factory=list)  # other plans (names or paths) whose cells may be referenced
     defaults: dict[str, Any] = Field(default_factory=dict)  # experiment fields shared by every cell
-    cells: list[Group]
+    cells: list[Group] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     speed: SpeedSettings | None = None  # measure students beside their teachers in deployment formats
     report: ReportSettings | None = None
@@ -313,7 +313,7 @@ class Plans:
         stale = any((c.dir / "metrics.json").stat().st_mtime > file.stat().st_mtime for c in used) \
             if file.is_file() else True
         if stale:
-            command = step.command.format(**{c.name: str(c.dir) for c in used})
+            command = re.sub(r"\{([^{}]+)\}", lambda m: str(self.cell(m[1]).dir), step.command)
             argv = shlex.split(command)
             argv = ([self.python, "-m", "distilkit"] + argv[1:] if argv[0] == "distilkit"
                     else [self.python] + argv[1:] if argv[0] == "python" else argv)
@@ -327,7 +327,7 @@ class Plans:
 
     def referenced(self, step: Step) -> list[str]:
         """The cells a step's command names, as "{cell}"."""
-        return [f for _, f, _, _ in string.Formatter().parse(step.command) if f]
+        return re.findall(r"\{([^{}]+)\}", step.command)
 
     def run(self, only: list[str] | None = None) -> dict[str, dict]:
         """Trains what is not finished, measures, writes records and the report; returns the records."""
