@@ -65,8 +65,8 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng_states = rng_states or [rng_state()]
     for rank, (_, rng_tensors) in enumerate(rng_states):
-        name = "rng.safetensors" if rank == 0 else f"rng-{rank}.safetensors"
-        save_file({k: v.cpu() for k, v in rng_tensors.items()}, tmp / name)
+        save_file({k: v.cpu() for k, v in rng_tensors.items()},
+                  tmp / ("rng.safetensors" if rank == 0 else f"rng-{rank}.safetensors"))
     full_state = {**state, "scheduler": scheduler.state_dict(), "rng": rng_states[0][0]}
     if len(rng_states) > 1:
         full_state["rng_other_ranks"] = [rng for rng, _ in rng_states[1:]]
