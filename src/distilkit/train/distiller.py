@@ -370,7 +370,8 @@ class Distiller:
         acc = self.accelerator
         saved = load_checkpoint(checkpoint, module, optimizer, scheduler, rank=acc.process_index, scaler=acc.scaler)
         state = TrainState.from_checkpoint(saved)
-        acc.print(f"resumed from {checkpoint} at step {state.step}")
+        if acc.is_main_process:  # stderr: stdout carries the result JSON alone
+            print(f"resumed from {checkpoint} at step {state.step}", file=sys.stderr)
         return state
 
     def _summary(self, state: TrainState) -> dict:
