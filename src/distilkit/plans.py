@@ -14,7 +14,7 @@ Each cell is an ordinary experiment config, written to `<run dir>/config.yaml` a
 `distilkit distill` in its own process (so its peak memory is its own). A cell is skipped only when
 its metrics exist, its saved config equals the resolved one and no cell it starts from finished
 later; otherwise it runs again, its earlier folder moved aside. `steps` run measurement commands
-(benchmarks/*.py, `distilkit similarity`) once their output is missing. Records (one JSON per cell
+(benchmarks/*.py, `distilkit similarity`) when their output is missing or older than a cell they measure. Records (one JSON per cell
 and per step) go to `<results>/records/`, and `report` renders every table and plot from them.
 A plan with `speed` also measures each student beside its teacher in the four deployment formats.
 """
