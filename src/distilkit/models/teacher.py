@@ -30,7 +30,6 @@ class Teacher:
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
         self.mixed_precision = mixed_precision
         self.forward_passes = 0  # batches run through the model
-        self.examples_seen = 0
         self._fingerprint: str | None = None
 
     @property
@@ -51,7 +50,6 @@ class Teacher:
             raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
         self.forward_passes += 1
-        self.examples_seen += int(batch["input_ids"].shape[0])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mixed_precision == "bf16"):
             features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds)
         return _to_float(features)

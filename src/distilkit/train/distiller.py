@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 import math
-import resource
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,8 +23,9 @@ from transformers import get_linear_schedule_with_warmup
 
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
-from distilkit.methods.base import Progress
+from distilkit.machine import peak_rss_mb
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from distilkit.train.progress import Progress
 
 
 class Stopwatch:
@@ -82,18 +82,6 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     methods with stages use some parts (e.g. the classifier) in some steps only."""
     return Accelerator(cpu=True, mixed_precision=mixed_precision,
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-
-
-def peak_rss_mb() -> float:
-    """This process's own peak resident memory. /proc's VmHWM, because getrusage's ru_maxrss in a
-    child started by fork/vfork + exec starts from the parent's peak (a bench runner's, say)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Distiller:
@@ -179,7 +167,7 @@ class Distiller:
                 terms_sum: dict[str, float] = {}
                 for k, full_batch in enumerate(group):
                     batch = self._split(full_batch)
-                    batch = self.method.prepare_batch(batch, self.teacher_source.teacher)
+                    batch = self.method.prepare_batch(batch)
                     teacher_features = self.teacher_source(batch)
                     sync = k == len(group) - 1
                     with (nullcontext() if sync else acc.no_sync(wrapped)), acc.autocast():
@@ -194,6 +182,7 @@ class Distiller:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                self.method.after_step(batch, teacher_features, progress)
                 group = []
                 state["step"] += 1
                 state["position"] = position
