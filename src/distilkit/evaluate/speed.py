@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from distilkit.data.dataset import TokenizedDataset
+from distilkit.models.features import FeatureRequest
 
 
 @contextmanager
@@ -86,8 +87,6 @@ Runner = Callable[[int], Callable[[dict], object]]
 
 def pytorch_runner(model, bf16: bool = False) -> Runner:
     """A student's (or teacher's) plain logits forward, optionally under bf16 autocast."""
-    from distilkit.models.features import FeatureRequest
-
     def forward(batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return model.features(batch, FeatureRequest(logits=True)).logits
