@@ -321,9 +321,9 @@ def test_codir_crd_term_is_info_nce_over_bank_negatives_and_only_a_taken_step_up
     assert torch.equal(method.memory, bank_before)
     method.training_step(SimpleNamespace(features=lambda batch, request: student), batch, teacher, Progress(0, 10))
     assert torch.equal(method.memory, bank_before)  # not before the optimizer step is taken
-    method.after_step(batch, teacher, Progress(0, 10))
+    method.after_optimizer_step(Progress(0, 10))
     assert torch.allclose(method.memory[:3], 0.5 * bank_before[:3] + 0.5 * h_s.detach())
-    method.after_step(batch, teacher, Progress(1, 10))  # each step's positives are written once
+    method.after_optimizer_step(Progress(1, 10))  # each step's positives are written once
     assert torch.allclose(method.memory[:3], 0.5 * bank_before[:3] + 0.5 * h_s.detach())
 
 

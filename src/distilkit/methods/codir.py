@@ -7,7 +7,7 @@ heads φˢ, φᵗ map both to m dimensions: h₀ˢ, h₀ᵗ.
 Contrastive objective (eq. 4): InfoNCE with cosine similarity at temperature τ, the congruent pair
 (h₀ᵗ, h₀ˢ) against K negatives hⱼˢ, read from a memory bank M ∈ R^{N×m} of student representations
 indexed by example id. Only the positives are written back, with momentum β (eq. 5), after the
-training step that computed them (`after_step`): scoring a loss on held-out data leaves the bank as it is.
+training step that computed them (`after_optimizer_step`): scoring a loss on held-out data leaves the bank as it is.
 Negatives (§3.3): fine-tuning draws K training examples whose label differs from the positive's;
 pre-training draws them from the same mini-batch (the global batch under multi-process training)
 and still reads their representations from the bank.
@@ -135,14 +135,14 @@ class CoDIR(Method):
         self.memory[ids] = beta * self.memory[ids] + (1 - beta) * reprs
 
     def training_step(self, student_model, batch, teacher, progress):
-        """Keeps this step's positives h₀ˢ for the bank, which `after_step` writes once the step is taken."""
+        """Keeps the positives h₀ˢ for the bank: `after_optimizer_step` writes them once the step is taken."""
         student = student_model.features(batch, self.student_request())
         if self.params.crd_weight:
             student_repr = self.representation(student, self.student_layers, self.student_head)
             self.positives.append((batch["example_ids"], student_repr.detach()))
         return self.loss_terms(batch, student, teacher, progress)
 
-    def after_step(self, batch, teacher_features, progress):
+    def after_optimizer_step(self, progress):
         for example_ids, student_repr in self.positives:
             self.update_memory(example_ids, student_repr)
         self.positives.clear()
