@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,6 +157,18 @@ def test_cold_and_warm_teacher_cache_train_the_same(family, family_teachers, tin
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_readme_shows_the_tested_matrix():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    header = next(line for line in readme.splitlines() if line.startswith("| family (`model_type`)"))
+    assert [c.strip() for c in header.strip("|").split("|")][1:7] == [*METHODS, "`pretrained` student"]
+    rows = {re.search(r"\(`([\w-]+)`\)", line).group(1): [c.strip() for c in line.strip("|").split("|")][1:7]
+            for line in readme.splitlines() if re.match(r"\| [^|]+\(`[\w-]+`\) \|", line) and line != header}
+    assert list(rows) == FAMILY_NAMES
+    for family, cells in rows.items():
+        refused = [any((family, method, init) in REFUSED for init in STUDENTS) for method in METHODS]
+        assert cells == ["refused" if r else "✓" for r in refused] + ["✓"], family
+
+
 # the Features view per family -----------------------------------------------------------------------
 
 
@@ -290,6 +304,22 @@ def test_teacher_layers_init_copies_the_chosen_layers(family, family_teachers, t
         build_student(StudentConfig(layers=1, ffn=24, init="teacher_layers"), teacher.model, glue_task("sst2"))
 
 
+def test_modernbert_sliding_layer_scores_are_zero_outside_the_window(family_teachers):
+    model = AutoModelForSequenceClassification.from_pretrained(family_teachers["modernbert"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(family_teachers["modernbert"])
+    batch = dict(tokenizer(["the film was good and the acting was really charming ."], return_tensors="pt"))
+    features = encoder_features(model, batch, FeatureRequest(attention=frozenset({1, 2})))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        probabilities = model(**batch, output_attentions=True).attentions
+    window = model.config.sliding_window  # layer 2 slides; layer 1 attends globally
+    positions = torch.arange(batch["input_ids"].shape[1])
+    outside = (positions[:, None] - positions[None, :]).abs() > window
+    assert outside.any() and torch.equal(probabilities[1][0][:, outside], torch.zeros_like(probabilities[1][0][:, outside]))
+    assert torch.equal(features.attention[2][0][:, outside], torch.zeros_like(features.attention[2][0][:, outside]))
+    assert (features.attention[2][0][:, ~outside] != 0).all() and (features.attention[1][0] != 0).all()
+
+
 def test_modernbert_student_keeps_the_attention_kind_of_each_copied_layer(family_teachers):
     teacher = Teacher(family_teachers["modernbert"], glue_task("sst2"))
     assert teacher.config.layer_types == ["full_attention", "sliding_attention"]
@@ -317,6 +347,29 @@ def test_token_classification_teacher_loads_with_its_head(tmp_path, family_teach
     with torch.no_grad():
         torch.testing.assert_close(logits, plain(**batch).logits, atol=1e-5, rtol=1e-5)
     assert logits.shape == (2, batch["input_ids"].shape[1], 5)
+
+
+def test_cli_refuses_a_shape_the_family_cannot_copy_in_one_line(family_teachers, tiny_glue, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "distil.yaml"
+    config.write_text(f"""
+task: {{name: sst2}}
+data: {{dir: {tiny_glue}}}
+teacher: {{model: {family_teachers['distilbert']}}}
+student: {{layers: 1, ffn: 24, init: teacher_layers}}
+method: {{name: kd}}
+output: {{dir: {tmp_path / 'run'}}}
+""")
+    result = subprocess.run([sys.executable, "-m", "distilkit", "distill", str(config)], capture_output=True,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())  # rich wraps long lines on narrow terminals
+    assert "distilbert student: student.init=teacher_layers copies whole layers" in message
+    assert "student.ffn=24 differs: drop it or use init=random" in message
 
 
 def test_unsupported_model_type_is_refused_in_one_line(tmp_path):

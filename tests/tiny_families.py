@@ -96,8 +96,10 @@ FAMILY_NAMES = list(FAMILY_CONFIGS)
 
 def family_config(family: str, tokenizer, num_labels: int = 2):
     cls, extra = FAMILY_CONFIGS[family]
-    special = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id")
-               for name in ("pad", "bos", "eos", "cls", "sep") if getattr(tokenizer, f"{name}_token_id", None) is not None}
+    ids = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "bos", "eos", "cls", "sep")}
+    for missing, stand_in in (("bos", "cls"), ("eos", "sep")):  # ModernBERT's tokenizer has only [CLS]/[SEP]
+        ids[missing] = ids[stand_in] if ids[missing] is None else ids[missing]
+    special = {f"{name}_token_id": value for name, value in ids.items() if value is not None}
     return cls(vocab_size=len(tokenizer), num_labels=num_labels, **{**SIZE, **extra, **special})
 
 

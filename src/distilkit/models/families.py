@@ -218,6 +218,16 @@ class ModernBert(Family):
     attention_path = "attn"
     final_norm_path = "final_norm"
 
+    def scores(self, module, arguments, output):
+        """A sliding-window layer sees only keys within its window: the scores outside it are set to 0, so
+        distillation neither asks a student to match them nor gives it gradient there."""
+        scores = output[1]
+        if module.sliding_window is None:
+            return scores
+        positions = torch.arange(scores.shape[-1], device=scores.device)
+        outside = (positions[:, None] - positions[None, :]).abs() >= module.sliding_window
+        return scores.masked_fill(outside, 0.0)
+
     def fit_depth_and_width(self, config, teacher_config, sources):
         """`layer_types` has one entry per layer: a copied layer keeps its kind; a fresh student repeats the
         teacher's pattern (global attention every n-th layer) to its own depth."""

@@ -4,7 +4,8 @@ Layer numbering follows the papers and Hugging Face: hidden state 0 is the embed
 output as the first layer sees it, hidden state i (1..L) the output of Transformer layer i, and
 hidden state L the encoder's output (after ModernBERT's final norm). Attention scores are the
 pre-softmax scores of layer i (as TinyBERT distils them: Q·Kᵀ/√d, plus MPNet's position bias or
-DeBERTa's relative terms), before the padding mask (and ModernBERT's sliding window) is applied.
+DeBERTa's relative terms), before the padding mask is applied; 0 outside the window of ModernBERT's
+sliding-window layers, whose keys there the layer never sees.
 Where each family keeps these is its adapter's business (models/families.py).
 """
 
