@@ -330,6 +330,20 @@ def test_modernbert_student_keeps_the_attention_kind_of_each_copied_layer(family
     assert fresh.model.config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
 
 
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_refbert_student_needs_a_bert_layout_self_attention(family, family_teachers):
+    from distilkit.models.refbert import ReferenceAttention
+
+    teacher = Teacher(family_teachers[family], glue_task("sst2"))
+    config = StudentConfig(kind="refbert", layers=1, init="teacher_layers")
+    if family in ("distilbert", "deberta-v2", "mpnet", "modernbert"):
+        with pytest.raises(FamilyError, match=rf"{family} teacher: the refbert student replaces a BERT-layout"):
+            build_student(config, teacher.model, glue_task("sst2"))
+    else:
+        assert isinstance(build_student(config, teacher.model, glue_task("sst2")).reference_attention,
+                          ReferenceAttention)
+
+
 def test_token_classification_teacher_loads_with_its_head(tmp_path, family_teachers):
     from transformers import AutoModelForTokenClassification, BertConfig, BertForTokenClassification
 
