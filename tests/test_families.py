@@ -300,6 +300,11 @@ def test_teacher_layers_init_copies_the_chosen_layers(family, family_teachers, t
         expected = student.features(batch, FeatureRequest(logits=True)).logits
         torch.testing.assert_close(reloaded(**adapter.model_inputs(reloaded, batch)).logits, expected,
                                    atol=1e-5, rtol=1e-5)
+    from distilkit.evaluate.profile import size_record
+
+    record = size_record(tmp_path / "one-layer", mean_length=10)  # read through the family's config names
+    assert record["shape"] == {"kind": "transformer", "layers": 1, "hidden": 32, "heads": 4, "ffn": 64}
+    assert record["flops_per_sequence"] > 0
     with pytest.raises(FamilyError, match=rf"{adapter.name} student: .*student.ffn=24 differs"):
         build_student(StudentConfig(layers=1, ffn=24, init="teacher_layers"), teacher.model, glue_task("sst2"))
 

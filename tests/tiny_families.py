@@ -84,7 +84,7 @@ FAMILY_CONFIGS = {
     "roberta": (hf.RobertaConfig, {"max_position_embeddings": 66}),
     "xlm-roberta": (hf.XLMRobertaConfig, {"max_position_embeddings": 66}),
     "electra": (hf.ElectraConfig, {"embedding_size": 16}),
-    "distilbert": (hf.DistilBertConfig, {}),
+    "distilbert": (hf.DistilBertConfig, {"hidden_dim": 64}),  # its own name for the FFN width
     "deberta-v2": (hf.DebertaV2Config, {"relative_attention": True, "pos_att_type": ["p2c", "c2p"],
                                         "position_buckets": 16, "norm_rel_ebd": "layer_norm", "share_att_key": True,
                                         "position_biased_input": False, "max_relative_positions": -1}),

@@ -82,6 +82,11 @@ class TransformerStudent(Student):
     def num_heads(self) -> int:
         return self.model.config.num_attention_heads
 
+    @property
+    def shape(self) -> dict[str, int]:
+        """layers, hidden, heads, ffn, read through the family's own config names (DistilBERT's dim...)."""
+        return family_of(self.model).shape(self.model.config)
+
     def word_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
 
