@@ -280,6 +280,19 @@ def test_student_shape_knobs_reach_the_family_config(family, family_teachers):
         build_student(StudentConfig(layers=1, hidden=18, heads=4, init="random"), teacher.model, glue_task("sst2"))
 
 
+def test_a_knob_the_family_lacks_is_named_in_the_error(family_teachers):
+    from distilkit.models.families import Family
+
+    class WithoutFfn(Family):
+        name = "no-ffn"
+        config_names = {**Family.config_names, "ffn": None}
+
+    config = AutoConfig.from_pretrained(family_teachers["bert"])
+    with pytest.raises(FamilyError, match="no-ffn has no student.ffn setting; remove student.ffn"):
+        WithoutFfn().student_config(config, {"layers": 1, "ffn": 16})
+    assert WithoutFfn().student_config(config, {"layers": 1, "ffn": None}).num_hidden_layers == 1
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_teacher_layers_init_copies_the_chosen_layers(family, family_teachers, tmp_path):
     teacher = Teacher(family_teachers[family], glue_task("sst2"))

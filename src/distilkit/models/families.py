@@ -30,9 +30,6 @@ import math
 import torch
 from torch import nn
 
-SHAPE_KNOBS = ("layers", "hidden", "heads", "ffn")
-
-
 class FamilyError(ValueError):
     """A model, shape or setting a family cannot take; the message names the family, the field and the fix."""
 
@@ -58,6 +55,8 @@ class Family:
     attention_path = "attention.self"  # from one layer: the module that computes the attention scores
     final_norm_path: str | None = None
     uses_attention_interface = True
+    # any subset of hidden states and scores can be computed without the rest: features.py stops the pass
+    # after the deepest layer asked for (tests/test_families.py checks it in every family)
     can_run_partial = True
     # student shape knob -> this family's config field (None: the family has no such knob)
     config_names = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
