@@ -140,17 +140,21 @@ def _losses(run_dir) -> list[dict]:
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_cold_and_warm_teacher_cache_train_the_same(family, family_teachers, tiny_glue, tmp_path):
-    """TinyBERT on an empty cache, and on a cache PKD filled first (hidden 1 and logits): the top-up is a
-    hidden-and-attention-only pass; losses and weights must be identical."""
+    """TinyBERT on an empty cache, and on a cache that PKD (hidden 1, logits) and TinyBERT without its
+    embedding term (hidden 1-2, scores 1-2, logits) filled first: the top-up is a depth-0 pass for hidden
+    state 0 alone. Losses and weights must be identical."""
     teacher = family_teachers[family]
     tinybert = METHODS["tinybert"]
     cold = run_experiment(build_config(cell_config(tiny_glue, teacher, STUDENTS["random"], tinybert,
                                                    tmp_path / "cold", tmp_path / "cache-cold")))
-    run_experiment(build_config(cell_config(tiny_glue, teacher, STUDENTS["random"], METHODS["pkd"],
-                                            tmp_path / "filler", tmp_path / "cache-warm")))
+    for name, method in (("pkd", METHODS["pkd"]), ("no-embedding", {**tinybert, "embedding_weight": 0.0})):
+        run_experiment(build_config(cell_config(tiny_glue, teacher, STUDENTS["random"], method,
+                                                tmp_path / name, tmp_path / "cache-warm")))
+    assert not list((tmp_path / "cache-warm").rglob("hidden_0*"))
     warm = run_experiment(build_config(cell_config(tiny_glue, teacher, STUDENTS["random"], tinybert,
                                                    tmp_path / "warm", tmp_path / "cache-warm")))
     assert cold["teacher_forward_passes"] > 0 and warm["teacher_forward_passes"] > 0  # the warm run topped up
+    assert list((tmp_path / "cache-warm").rglob("hidden_0*"))
     assert _losses(tmp_path / "cold") == _losses(tmp_path / "warm")
     a, b = load_file(tmp_path / "cold" / "final" / "model.safetensors"), load_file(tmp_path / "warm" / "final" /
                                                                                    "model.safetensors")
