@@ -8,7 +8,7 @@ Every family answers the same questions, so methods never name one:
   state L is the encoder's output in every family;
 - the pre-softmax attention scores of a layer. Families that route attention through the transformers
   attention interface (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, ModernBERT) return them from the
-  eager function in features.py; MPNet and DeBERTa compute attention themselves, so a hook recomputes
+  score-returning SDPA function in features.py; MPNet and DeBERTa compute attention themselves, so a hook recomputes
   their scores from the attention module's own inputs and weights (position bias and disentangled
   relative terms included), exactly as the module adds them before the padding mask and the softmax;
 - the config names of the student shape knobs (layers/hidden/heads/ffn), and the config fields that

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from distilkit.models.families import FamilyError, call_arguments, family_of
 
@@ -24,19 +25,19 @@ SCORES_ATTENTION = "distilkit_scores"
 
 
 def _attention_with_scores(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention that returns the raw scores (pre-softmax, unmasked) as its weights."""
+    """The default SDPA attention, returning the raw scores (pre-softmax, unmasked) as its weights.
+
+    The output comes from the same kernel with the same mask as without scores, so asking for scores
+    never changes what the model computes (a cache filled by one method serves another exactly)."""
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                       **kwargs)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    weights = scores if attention_mask is None else scores + attention_mask
-    weights = nn.functional.softmax(weights, dim=-1)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, scores
+    return output, torch.matmul(query, key.transpose(2, 3)) * scaling
 
 
 AttentionInterface.register(SCORES_ATTENTION, _attention_with_scores)
-AttentionMaskInterface.register(SCORES_ATTENTION, eager_mask)
+AttentionMaskInterface.register(SCORES_ATTENTION, sdpa_mask)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def transformer_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def set_attention_scores(model: nn.Module, wanted: bool) -> None:
-    """Switches between the fast SDPA kernel and the score-returning eager attention (families that use the
+    """Switches between the SDPA kernel and the same kernel also returning scores (families that use the
     transformers attention interface; MPNet and DeBERTa always run their own eager attention)."""
     if not family_of(model).uses_attention_interface:
         return

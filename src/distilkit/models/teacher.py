@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering, A
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import family_of
-from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores
+from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import resolve_model
 from distilkit.precision import autocast, module_device, to_device
 
@@ -41,8 +41,6 @@ class Teacher:
         self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
         self.model.requires_grad_(False)
         self.family = family_of(self.model)
-        # one attention computation whatever a method asks for, so cached and live features always agree
-        set_attention_scores(self.model, True)
         if self.head == "ForSequenceClassification" and task is not None and \
                 self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
