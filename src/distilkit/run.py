@@ -137,6 +137,9 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision,
                           device=accelerator.device if accelerator is not None else "cpu")
     student = build_student(config.student, teacher.model if teacher else None, task)
+    student.use_packing(config.train.packing)
+    if teacher is not None:
+        teacher.packing = config.train.packing
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")

@@ -58,6 +58,9 @@ class Family:
     # any subset of hidden states and scores can be computed without the rest: features.py stops the pass
     # after the deepest layer asked for (tests/test_families.py checks it in every family)
     can_run_partial = True
+    # packed batches (features.py) tell each sequence's tokens apart by a 4-D mask and position ids restarting
+    # at this first position; None: the family's attention or positions cannot take that, it runs padded
+    first_position = staticmethod(lambda config: 0)
     # student shape knob -> this family's config field (None: the family has no such knob)
     config_names = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                     "ffn": "intermediate_size"}
@@ -131,10 +134,12 @@ class Family:
 
 class RoBERTa(Family):
     name, model_types = "roberta", ("roberta",)
+    first_position = staticmethod(lambda config: config.pad_token_id + 1)  # positions count from padding_idx + 1
 
 
 class XLMRoBERTa(Family):
     name, model_types = "xlm-roberta", ("xlm-roberta",)
+    first_position = staticmethod(lambda config: config.pad_token_id + 1)
 
 
 class Electra(Family):
@@ -148,6 +153,7 @@ class Electra(Family):
 
 class DistilBert(Family):
     name, model_types = "distilbert", ("distilbert",)
+    first_position = None
     layers_path = "transformer.layer"
     attention_path = "attention"
     config_names = {"layers": "n_layers", "hidden": "dim", "heads": "n_heads", "ffn": "hidden_dim"}
@@ -157,6 +163,7 @@ class MPNet(Family):
     """MPNet adds a relative position bias to Q·Kᵀ/√d inside its own attention module."""
 
     name, model_types = "mpnet", ("mpnet",)
+    first_position = None
     attention_path = "attention.attn"
     uses_attention_interface = False
 
@@ -174,6 +181,7 @@ class DebertaV2(Family):
     """DeBERTa-v2/v3: disentangled attention, (QcKcᵀ + c2p + p2c)/√(d·k) with k = 1 + number of relative terms."""
 
     name, model_types = "deberta-v2", ("deberta-v2",)
+    first_position = None
     uses_attention_interface = False
 
     def score_hooks(self, model, layers):
@@ -213,6 +221,7 @@ class ModernBert(Family):
     """ModernBERT: `layers` on the base model, a final norm, and a sliding or full attention kind per layer."""
 
     name, model_types = "modernbert", ("modernbert",)
+    first_position = None
     layers_path = "layers"
     attention_path = "attn"
     final_norm_path = "final_norm"

@@ -7,10 +7,17 @@ pre-softmax scores of layer i (as TinyBERT distils them: Q·Kᵀ/√d, plus MPNe
 DeBERTa's relative terms), before the padding mask is applied; 0 outside the window of ModernBERT's
 sliding-window layers, whose keys there the layer never sees.
 Where each family keeps these is its adapter's business (models/families.py).
+
+Packing (`encoder_features(..., packed=True)`): a padded batch runs as a few rows of whole sequences
+side by side, each with its own position ids from the start and a block-diagonal attention mask, so no
+compute goes to padding; what comes back is unpacked to the padded (B, T, ...) shapes, equal on real
+tokens to the padded pass. Families whose attention or positions cannot be told about sequence
+boundaries through a 4-D mask and position ids run padded, with one log line.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from distilkit.models.families import FamilyError, call_arguments, family_of
 
 SCORES_ATTENTION = "distilkit_scores"
+log = logging.getLogger(__name__)
 
 
 def _attention_with_scores(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -96,6 +104,104 @@ def set_attention_scores(model: nn.Module, wanted: bool) -> None:
         model.set_attn_implementation(target)
 
 
+@dataclass
+class PackedLayout:
+    """Where each sequence of a right-padded batch sits when the batch is packed into rows.
+
+    Sequences go into rows of `row_tokens` tokens (or the longest sequence, if longer) first-fit by
+    decreasing length; a row's free tail forms one more block of the mask, so no query ever sees only
+    masked keys."""
+
+    batch: int
+    length: int  # T of the padded batch
+    rows: int
+    row_length: int
+    padded_index: torch.Tensor  # (N,) flat (B*T) position of every real token
+    packed_index: torch.Tensor  # (N,) its flat (rows*row_length) position
+    example_row: torch.Tensor  # (B,)
+    example_start: torch.Tensor  # (B,) first slot of each sequence in its row
+    block: torch.Tensor  # (rows, row_length) one id per sequence (and per row's free tail)
+    position: torch.Tensor  # (rows, row_length) position of each slot within its sequence
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor, row_tokens: int) -> PackedLayout | None:
+        """None when the batch is not right-padded (nothing else is packed)."""
+        batch, length = attention_mask.shape
+        lengths = attention_mask.sum(1)
+        if not torch.equal(attention_mask.bool(), torch.arange(length, device=lengths.device) < lengths[:, None]):
+            return None
+        sizes = lengths.tolist()
+        capacity = max(row_tokens, max(sizes))
+        fill: list[int] = []
+        row_of, start_of = [0] * batch, [0] * batch
+        for example in sorted(range(batch), key=lambda b: -sizes[b]):
+            row = next((r for r, used in enumerate(fill) if used + sizes[example] <= capacity), len(fill))
+            if row == len(fill):
+                fill.append(0)
+            row_of[example], start_of[example] = row, fill[row]
+            fill[row] += sizes[example]
+        rows, row_length = len(fill), max(fill)
+        device = attention_mask.device
+        block = torch.tensor([[batch + r] * row_length for r in range(rows)])
+        position = torch.zeros(rows, row_length, dtype=torch.long)
+        padded_index, packed_index = [], []
+        for b in range(batch):
+            r, s, n = row_of[b], start_of[b], sizes[b]
+            block[r, s:s + n] = b
+            position[r, s:s + n] = torch.arange(n)
+            padded_index.append(torch.arange(b * length, b * length + n))
+            packed_index.append(torch.arange(r * row_length + s, r * row_length + s + n))
+        return cls(batch, length, rows, row_length, torch.cat(padded_index).to(device),
+                   torch.cat(packed_index).to(device), torch.tensor(row_of, device=device),
+                   torch.tensor(start_of, device=device), block.to(device), position.to(device))
+
+    def pack(self, padded: torch.Tensor, fill=0) -> torch.Tensor:
+        """(B, T, ...) -> (rows, row_length, ...); differentiable (LRC's shift gets its gradient through it)."""
+        tail = padded.shape[2:]
+        tokens = padded.reshape(self.batch * self.length, *tail)[self.padded_index]
+        out = padded.new_full((self.rows * self.row_length, *tail), fill)
+        return out.index_copy(0, self.packed_index, tokens).view(self.rows, self.row_length, *tail)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """(rows, row_length, ...) -> (B, T, ...), zeros at padding."""
+        tail = packed.shape[2:]
+        tokens = packed.reshape(self.rows * self.row_length, *tail)[self.packed_index]
+        out = packed.new_zeros((self.batch * self.length, *tail))
+        return out.index_copy(0, self.padded_index, tokens).view(self.batch, self.length, *tail)
+
+    def unpack_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """(rows, H, row_length, row_length) -> (B, H, T, T): each sequence's diagonal block, zeros at padding."""
+        slots = (self.example_start[:, None] + torch.arange(self.length, device=scores.device)).clamp_max(
+            self.row_length - 1)  # (B, T); slots past a sequence's end are zeroed below
+        rows = self.example_row[:, None, None]
+        blocks = scores[rows, :, slots[:, :, None], slots[:, None, :]].permute(0, 3, 1, 2)  # (B, H, T, T)
+        real = self.block[self.example_row[:, None], slots] == torch.arange(self.batch, device=scores.device)[:, None]
+        return blocks * (real[:, :, None] & real[:, None, :]).unsqueeze(1).to(blocks.dtype)
+
+    def attention_mask(self) -> torch.Tensor:
+        """(rows, 1, row_length, row_length) boolean block-diagonal mask (True = may attend)."""
+        return (self.block[:, :, None] == self.block[:, None, :]).unsqueeze(1)
+
+
+def packs(model: nn.Module) -> bool:
+    """Whether this model's family runs packed (see `Family.first_position`); logs once when it does not."""
+    family = family_of(model)
+    if family.first_position is not None and model.config.model_type in family.model_types:
+        return True
+    if family.name not in _LOGGED_UNPACKED:
+        _LOGGED_UNPACKED.add(family.name)
+        log.warning("packing: %s (%s) runs padded batches (its attention cannot take a block-diagonal mask "
+                    "with per-sequence positions)", family.name, model.config.model_type)
+    return False
+
+
+_LOGGED_UNPACKED: set[str] = set()
+
+# a packed row holds sequences up to this many tokens in all: attention costs row length², so rows of
+# a few hundred tokens keep it small next to the linear layers (benchmarks/results/packing)
+PACKED_ROW_TOKENS = 256
+
+
 class _Stop(Exception):
     """Raised by a hook once the deepest requested layer has run: the rest of the model is skipped."""
 
@@ -113,19 +219,29 @@ def head_logits(output) -> torch.Tensor:
 
 def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
                      embedding_delta: torch.Tensor | None = None,
-                     inputs_embeds: torch.Tensor | None = None) -> Features:
+                     inputs_embeds: torch.Tensor | None = None, packed: bool = False) -> Features:
     """Runs a Hugging Face encoder (with or without a task head) for `request`, and no deeper than it needs.
 
     Hidden states and attention scores are read by forward hooks on the modules the model's family
     adapter names; without logits the pass stops after the deepest requested layer.
     `embedding_delta` is added to hidden state 0, at the width the layers see (LRC-BERT's gradient
     perturbation); `inputs_embeds` replaces the word-embedding lookup (Text Smoothing's soft inputs).
+    `packed`: run the batch packed (module docstring) where the family can; the features are the same.
     """
     family = family_of(model)
     inputs = family.model_inputs(model, batch)
     if inputs_embeds is not None:
         inputs.pop("input_ids")
         inputs["inputs_embeds"] = inputs_embeds
+    layout = PackedLayout.of(batch["attention_mask"], PACKED_ROW_TOKENS) if packed and packs(model) else None
+    if layout is not None:
+        inputs = {name: layout.pack(value) for name, value in inputs.items() if name != "attention_mask"}
+        inputs["attention_mask"] = layout.attention_mask()
+        inputs["position_ids"] = layout.position + family.first_position(model.config)
+        if embedding_delta is not None:
+            embedding_delta = layout.pack(embedding_delta)
+    unpack = layout.unpack if layout is not None else (lambda tensor: tensor)
+    unpack_scores = layout.unpack_scores if layout is not None else (lambda tensor: tensor)
     features = Features(attention_mask=batch["attention_mask"])
     n_layers = len(family.layers(model))
     asked = [*request.hidden, *request.attention]
@@ -135,12 +251,19 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
     if request.attention:
         set_attention_scores(model, True)
 
-    def keep_hidden(layer):
-        return lambda module, args, output: features.hidden.__setitem__(layer, _layer_output(output))
+    def keep_hidden(layer, unpacked):
+        return lambda module, args, output: features.hidden.__setitem__(
+            layer, _layer_output(output) if unpacked else unpack(_layer_output(output)))
 
     def keep_scores(layer):
         return lambda module, args, kwargs, output: features.attention.__setitem__(
-            layer, family.scores(module, call_arguments(module, args, kwargs), output))
+            layer, unpack_scores(family.scores(module, call_arguments(module, args, kwargs), output)))
+
+    def unpack_output(module, args, output):
+        """The encoder's output goes to the heads per sequence: (B, T, D), as in the padded pass."""
+        if isinstance(output, tuple):
+            return (unpack(output[0]), *output[1:])
+        return unpack(output)
 
     def stop(module, args, output):
         raise _Stop
@@ -150,8 +273,12 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
         if embedding_delta is not None:  # first, so hidden state 0 includes the shift
             hooks.append(family.embedding_output(model).register_forward_hook(
                 lambda module, args, output: output + embedding_delta))
+        heads_unpacked = layout is not None and request.logits
+        if heads_unpacked:  # before the hook that keeps hidden state L, which then sees it unpacked
+            hooks.append(family.output_module(model, n_layers).register_forward_hook(unpack_output))
         for layer in request.hidden:
-            hooks.append(family.output_module(model, layer).register_forward_hook(keep_hidden(layer)))
+            hooks.append(family.output_module(model, layer).register_forward_hook(
+                keep_hidden(layer, unpacked=heads_unpacked and layer == n_layers)))
         hooks += family.score_hooks(model, request.attention)
         for layer in request.attention:
             hooks.append(family.attention_module(model, layer).register_forward_hook(keep_scores(layer),

@@ -40,7 +40,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 from distilkit.config import StrictModel, StudentConfig
 from distilkit.models.families import FamilyError, family_of
 from distilkit.models.features import Features, FeatureRequest, transformer_layers
-from distilkit.models.student import STUDENT_KINDS, TransformerStudent, register_student
+from distilkit.models.student import STUDENT_KINDS, Student, TransformerStudent, register_student
 
 REFERENCES_DIR = "references"
 
@@ -218,6 +218,10 @@ class RefBERTStudent(TransformerStudent):
             return batch["reference_ids"]
         queries = [ids[mask.bool()].numpy() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
         return torch.from_numpy(self.references.retrieve(queries))
+
+    def use_packing(self, wanted: bool) -> None:
+        """The reference attention reads the padded batch's mask: this student runs padded."""
+        Student.use_packing(self, wanted)
 
     def features(self, batch: dict, request: FeatureRequest, **kwargs) -> Features:
         if self.references is None:

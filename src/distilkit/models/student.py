@@ -8,6 +8,7 @@ never care which architecture they train. Student kinds other than the plain Tra
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,11 @@ class Student(nn.Module):
     def features(self, batch: dict, request: FeatureRequest, **kwargs) -> Features:
         raise NotImplementedError
 
+    def use_packing(self, wanted: bool) -> None:
+        """Packed batches (train.packing) where this student can take them; other kinds run padded."""
+        if wanted:
+            logging.getLogger(__name__).warning("packing: the %s student runs padded batches", self.kind)
+
     def save(self, directory: Path, tokenizer, metadata: dict) -> None:
         raise NotImplementedError
 
@@ -65,10 +71,14 @@ class TransformerStudent(Student):
     def __init__(self, model: PreTrainedModel):
         super().__init__()
         self.model = model
+        self.packing = False
+
+    def use_packing(self, wanted: bool) -> None:
+        self.packing = wanted
 
     def features(self, batch: dict, request: FeatureRequest, embedding_delta=None, inputs_embeds=None) -> Features:
         return encoder_features(self.model, batch, request, embedding_delta=embedding_delta,
-                                inputs_embeds=inputs_embeds)
+                                inputs_embeds=inputs_embeds, packed=self.packing)
 
     @property
     def width(self) -> int:

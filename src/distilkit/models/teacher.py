@@ -47,6 +47,7 @@ class Teacher:
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
         self.mixed_precision = mixed_precision
         self.forward_passes = 0  # batches run through the model
+        self.packing = False  # packed batches (train.packing), the same features as padded ones
         self._fingerprint: str | None = None
 
     @property
@@ -72,7 +73,8 @@ class Teacher:
         if inputs_embeds is not None:
             inputs_embeds = inputs_embeds.to(device)
         with autocast(device, self.mixed_precision):
-            features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds)
+            features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds,
+                                        packed=self.packing)
         return _to_float(features)
 
     def fingerprint(self) -> str:

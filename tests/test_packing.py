@@ -1,0 +1,108 @@
+"""Packed batches (models/features.py): the same per-example features as the padded batch, for every family
+that packs, and the padded pass with one log line for those that cannot."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from distilkit.models import features as features_module
+from distilkit.models.features import FeatureRequest, PackedLayout, encoder_features
+from tiny_families import FAMILY_NAMES, save_family_model
+
+PACKING = {"bert", "roberta", "xlm-roberta", "electra"}
+EVERYTHING = FeatureRequest(hidden=frozenset({0, 1, 2}), attention=frozenset({1, 2}), logits=True)
+TEXTS = ["the film was good .", "bad", "a dull , slow and bad film that was not good", "good good film ."]
+PAIRS = (["the film", "bad", "a dull film ."], ["was good .", "a slow , dull and bad film", "good"])
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("packing-families")
+    return {family: str(save_family_model(family, root / family, seed=3)) for family in FAMILY_NAMES}
+
+
+def _assert_same_on_real_tokens(packed, padded, mask):
+    real = mask.bool()
+    pairs = (real[:, :, None] & real[:, None, :])[:, None].expand_as(padded.attention[1])
+    for layer in padded.hidden:
+        torch.testing.assert_close(packed.hidden[layer][real], padded.hidden[layer][real], atol=1e-5, rtol=1e-5)
+    for layer in padded.attention:
+        torch.testing.assert_close(packed.attention[layer][pairs], padded.attention[layer][pairs], atol=1e-5,
+                                   rtol=1e-5)
+    torch.testing.assert_close(packed.logits, padded.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("row_tokens", [4, 256])  # one sequence per row / the whole batch in one row
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_packed_features_equal_padded(family, row_tokens, family_models, monkeypatch):
+    monkeypatch.setattr(features_module, "PACKED_ROW_TOKENS", row_tokens)
+    path = family_models[family]
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    for batch in (tokenizer(TEXTS, padding=True, return_tensors="pt"),
+                  tokenizer(*PAIRS, padding=True, return_tensors="pt")):
+        batch = dict(batch)
+        padded = encoder_features(model, batch, EVERYTHING)
+        packed = encoder_features(model, batch, EVERYTHING, packed=True)
+        _assert_same_on_real_tokens(packed, padded, batch["attention_mask"])
+        assert packed.hidden[2].shape == padded.hidden[2].shape
+        assert packed.attention[1].shape == padded.attention[1].shape
+
+
+@pytest.mark.parametrize("family", sorted(PACKING))
+def test_gradient_perturbation_and_soft_inputs_equal_packed(family, family_models):
+    """LRC-BERT's shift of hidden state 0 gets the same gradient, and Text Smoothing's soft inputs give the
+    same outputs, packed or padded."""
+    path = family_models[family]
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt"))
+    request = FeatureRequest(hidden=frozenset({1, 2}), logits=True)
+    gradients = []
+    for packed in (False, True):
+        shift = torch.zeros(*batch["input_ids"].shape, model.config.hidden_size, requires_grad=True)
+        out = encoder_features(model, batch, request, embedding_delta=shift, packed=packed)
+        loss = (out.hidden[1] * batch["attention_mask"][..., None]).pow(2).sum() + out.logits.pow(2).sum()
+        gradients.append(torch.autograd.grad(loss, shift)[0])
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(gradients[1][real], gradients[0][real], atol=1e-5, rtol=1e-4)
+    assert gradients[1][~real].abs().max() == 0  # padding gets no push, as LRC's per-example norm wants
+
+    embeds = model.get_input_embeddings()(batch["input_ids"]) * 0.9
+    padded = encoder_features(model, batch, request, inputs_embeds=embeds)
+    packed = encoder_features(model, batch, request, inputs_embeds=embeds, packed=True)
+    torch.testing.assert_close(packed.hidden[2][real], padded.hidden[2][real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed.logits, padded.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILY_NAMES) - PACKING))
+def test_families_that_cannot_pack_run_padded_with_one_log_line(family, family_models, caplog):
+    path = family_models[family]
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt"))
+    features_module._LOGGED_UNPACKED.discard(features_module.family_of(model).name)
+    with caplog.at_level(logging.WARNING, logger="distilkit.models.features"):
+        first = encoder_features(model, batch, EVERYTHING, packed=True)
+        encoder_features(model, batch, EVERYTHING, packed=True)
+    assert [r.message for r in caplog.records if "packing" in r.message] == [
+        f"packing: {features_module.family_of(model).name} ({model.config.model_type}) runs padded batches (its "
+        "attention cannot take a block-diagonal mask with per-sequence positions)"]
+    padded = encoder_features(model, batch, EVERYTHING)
+    torch.testing.assert_close(first.logits, padded.logits, rtol=0, atol=0)
+
+
+def test_layout_packs_first_fit_by_decreasing_length():
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    layout = PackedLayout.of(mask, row_tokens=6)
+    # lengths 2, 5, 3, 1 -> row 0: 5 then 1; row 1: 3 then 2
+    assert (layout.rows, layout.row_length) == (2, 6)
+    assert layout.example_row.tolist() == [1, 0, 1, 0]
+    assert layout.example_start.tolist() == [3, 0, 0, 5]
+    assert layout.position.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 0, 1, 0]]
+    assert layout.block.tolist() == [[1, 1, 1, 1, 1, 3], [2, 2, 2, 0, 0, 5]]  # row 1's free tail is its own block
+    values = torch.arange(20.0).view(4, 5) * mask
+    assert torch.equal(layout.unpack(layout.pack(values)), values)
+    assert PackedLayout.of(torch.tensor([[0, 1, 1]]), row_tokens=6) is None  # left padding is not packed
