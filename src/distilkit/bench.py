@@ -199,14 +199,12 @@ class Bench:
     # records ------------------------------------------------------------------------------------
 
     def _dev(self, config: ExperimentConfig, model: Path):
-        from distilkit.data.dataset import TokenizedDataset
         from distilkit.models.student import load_tokenizer
-        from distilkit.run import eval_splits, read_split, task_spec
+        from distilkit.run import eval_splits, read_split, task_dataset, task_spec
 
         spec = task_spec(config)
         split = eval_splits(config, spec)[0]
-        dev = TokenizedDataset(read_split(config, spec, split), load_tokenizer(str(model)), config.data.max_length,
-                               spec.is_regression)
+        dev = task_dataset(config, spec, read_split(config, spec, split), load_tokenizer(str(model)))
         return spec, split, dev
 
     def teacher_record(self, task: str, config: ExperimentConfig) -> dict:

@@ -79,28 +79,37 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
              task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
              data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
              split: Annotated[list[str] | None, typer.Option(help="split(s) to score; default dev")] = None,
-             max_length: int = 128, batch_size: int = 128,
+             max_length: Annotated[int | None, typer.Option(help="default 128; a SQuAD model: its training "
+                                                                 "max length")] = None,
+             batch_size: int = 128,
+             task_set: Annotated[list[str] | None, typer.Option(
+                 "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
-    """GLUE dev metrics of a saved model, as JSON."""
-    from distilkit.config import build_config
-    from distilkit.data.dataset import TokenizedDataset
+    """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
+    from distilkit.config import apply_overrides, build_config
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.student import load_student, load_tokenizer, read_metadata
-    from distilkit.run import eval_splits, read_split, task_spec
+    from distilkit.run import eval_splits, read_split, task_dataset, task_spec
 
     try:
         from distilkit.models.hub import resolve_model
 
         path = resolve_model(model)
-        task = task or read_metadata(Path(path)).get("task")
+        meta = read_metadata(Path(path))
+        task = task or meta.get("task")
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
-        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": max_length},
-                               "eval": {"splits": split}, "student": {"init": "pretrained", "pretrained": path}})
+        spans = "doc_stride" in meta  # a SQuAD model reads windows of the length and stride it trained on
+        task_fields = {"name": task, **({"doc_stride": meta["doc_stride"]} if spans else {})}
+        length = max_length or (meta.get("max_length", 128) if spans else 128)
+        config = build_config(apply_overrides(
+            {"task": task_fields, "data": {"dir": data, "max_length": length},
+             "eval": {"splits": split}, "student": {"init": "pretrained", "pretrained": path}},
+            [f"task.{item}" for item in task_set or []]))
         spec = task_spec(config)
         tokenizer = load_tokenizer(path)
         student = load_student(path)
-        datasets = {s: TokenizedDataset(read_split(config, spec, s), tokenizer, max_length, spec.is_regression)
+        datasets = {s: task_dataset(config, spec, read_split(config, spec, s), tokenizer)
                     for s in eval_splits(config, spec)}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
@@ -203,6 +212,10 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
         examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
         if len({len(e.texts) for e in examples}) != 1:
             raise ValueError("mix of single texts and pairs: give all inputs in the same form")
+        if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context'
+            for answer in _answers(student, tokenizer, meta, examples):
+                print(json.dumps(answer))
+            return
         dataset = TokenizedDataset(examples, tokenizer, meta.get("max_length", max_length))
         logits = predict_logits(student, dataset)
     except _user_errors() as err:
@@ -215,6 +228,20 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             probs = torch.softmax(torch.from_numpy(row), -1)
             best = int(probs.argmax())
             print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+def _answers(student, tokenizer, meta: dict, examples) -> list[dict]:
+    """The best answer span (and no-answer odds) of each 'question ||| context' input."""
+    from distilkit.data.squad import QADataset, QAExample
+    from distilkit.data.tasks import named_task
+    from distilkit.evaluate.squad import predict_spans, squad_predictions
+
+    if any(len(e.texts) != 2 for e in examples):
+        raise ValueError("a question-answering model reads pairs: give each input as 'question ||| context'")
+    questions = [QAExample(str(i), *e.texts, (), (), f"input {i + 1}") for i, e in enumerate(examples)]
+    dataset = QADataset(questions, tokenizer, meta["max_length"], meta["doc_stride"])
+    best, odds = squad_predictions(named_task(meta["task"]), dataset, *predict_spans(student, dataset))
+    return [{"question": q.question, "answer": best[q.id], "no_answer_odds": round(odds[q.id], 4)} for q in questions]
 
 
 @app.command()

@@ -29,14 +29,22 @@ class MethodParams(StrictModel):
 
 
 class TaskConfig(StrictModel):
-    name: str = "sst2"  # a GLUE task, "custom" with the fields below, or "unlabeled" (text of data.corpus)
+    # a GLUE task, squad / squad_v2 (extractive QA), "custom" with the fields below, or "unlabeled" (data.corpus)
+    name: str = "sst2"
     text_columns: list[str] | None = None
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
     metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
+    # custom task files; for squad / squad_v2, SQuAD-format JSON files used instead of <data>/squad/
     train_file: str | None = None
     dev_file: str | None = None
     test_file: str | None = None
+    # extractive QA (squad, squad_v2): windows over long contexts and answer post-processing
+    doc_stride: int = Field(128, ge=0)  # tokens shared by consecutive windows of one context (run_qa's stride)
+    max_answer_length: int = Field(30, ge=1)  # tokens
+    n_best: int = Field(20, ge=1)  # start and end candidates per window
+    no_answer_threshold: float = 0.0  # v2.0: answer "no answer" when null score − best span score exceeds it
+    bad_records: Literal["error", "skip"] = "error"  # a bad SQuAD record stops the read, or is counted and skipped
 
     @model_validator(mode="after")
     def _custom_needs_files(self):
@@ -46,9 +54,9 @@ class TaskConfig(StrictModel):
             if not self.train_file:
                 raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
         elif self.name != "unlabeled":
-            from distilkit.data.tasks import glue_task
+            from distilkit.data.tasks import named_task
 
-            glue_task(self.name)
+            named_task(self.name)
         return self
 
 
@@ -219,6 +227,15 @@ class ExperimentConfig(StrictModel):
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
         if self.data.augment is not None and not (self.data.augment.model or self.teacher.model):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
+        if self.task.name not in ("custom", "unlabeled"):
+            from distilkit.data.tasks import named_task
+
+            spans = named_task(self.task.name).answer_spans
+            if spans and self.task.doc_stride >= self.data.max_length:
+                raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
+                                 f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
+            if spans and self.data.augment is not None:
+                raise ValueError("data.augment alters single sentences or pairs; it does not apply to SQuAD")
         if self.student.init == "teacher_layers" and not self.teacher.model:
             raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
                              "or use student.init=pretrained / random")

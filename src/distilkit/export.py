@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distilkit.models.features import head_logits
 from distilkit.models.student import TransformerStudent, load_student, read_metadata
 
 ONNX_FILE = "model.onnx"
@@ -52,7 +53,9 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
     inputs = _sample_inputs(model, tokenizer)
     names = list(inputs)
     out_path = Path(out_path or model_dir / ONNX_FILE)
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in names} | {"logits": {0: "batch"}}
+    spans = type(model).__name__.endswith("ForQuestionAnswering")  # logits (B, 2, T): start and end scores
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names} | {
+        "logits": {0: "batch", 2: "sequence"} if spans else {0: "batch"}}
 
     class LogitsOnly(torch.nn.Module):
         def __init__(self, inner):
@@ -60,7 +63,8 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
             self.inner = inner
 
         def forward(self, *args):
-            return self.inner(**dict(zip(names, args))).logits
+            inputs = dict(zip(names, args))
+            return head_logits(self.inner(**inputs), inputs["attention_mask"])
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -85,7 +89,7 @@ def onnx_parity(model, onnx_path: Path, tokenizer) -> float:
     feeds = {i.name: encoded[i.name].numpy() for i in session.get_inputs()}
     onnx_logits = session.run(["logits"], feeds)[0]
     with torch.inference_mode():
-        torch_logits = model(**{k: encoded[k] for k in feeds}).logits.numpy()
+        torch_logits = head_logits(model(**{k: encoded[k] for k in feeds}), encoded["attention_mask"]).numpy()
     return float(np.abs(onnx_logits - torch_logits).max())
 
 

@@ -6,6 +6,7 @@ environment, per-step logs and the final metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -24,7 +25,8 @@ from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
     resolve_data_dir
-from distilkit.data.tasks import UNLABELED, TaskSpec, glue_task
+from distilkit.data.squad import QADataset, QAExample, read_squad, read_squad_hub
+from distilkit.data.tasks import UNLABELED, TaskSpec, named_task
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
@@ -42,13 +44,19 @@ def task_spec(config: ExperimentConfig) -> TaskSpec:
     if t.name == UNLABELED.name:
         return UNLABELED
     if t.name != "custom":
-        return glue_task(t.name)
+        spec = named_task(t.name)
+        if spec.answer_spans:
+            spec = dataclasses.replace(spec, max_answer_length=t.max_answer_length, n_best=t.n_best,
+                                       no_answer_threshold=t.no_answer_threshold)
+        return spec
     labels = tuple(t.labels) if t.labels else None
     metrics = tuple(t.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
     return TaskSpec("custom", tuple(t.text_columns), t.label_column, labels, metrics)
 
 
-def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example]:
+def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example] | list[QAExample]:
+    if task.answer_spans:
+        return read_qa_split(config, task, split)
     labeled = not split.startswith("test")
     if config.task.name == "custom":
         file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
@@ -61,6 +69,27 @@ def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Exa
     return read_tsv(task, find_split_file(task, folder, split), labeled)
 
 
+def read_qa_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[QAExample]:
+    """SQuAD JSON: task.<split>_file when set, else <data>/squad/<version>/, or the hub."""
+    file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
+    if file:
+        return read_squad(file, config.task.bad_records)
+    if config.data.source == "hub":
+        return read_squad_hub(task.hub_name, split)
+    folder = resolve_data_dir(config.data.dir) / task.folder
+    return read_squad(find_split_file(task, folder, split), config.task.bad_records)
+
+
+def task_dataset(config: ExperimentConfig, task: TaskSpec, examples: list, tokenizer,
+                 max_length: int | None = None) -> TokenizedDataset:
+    """The rows a model reads: one per example, or for extractive QA one per window of a context."""
+    length = max_length or config.data.max_length
+    if task.answer_spans:
+        return QADataset(examples, tokenizer, length, config.task.doc_stride, config.task.bad_records,
+                         config.data.bucket_batches)
+    return TokenizedDataset(examples, tokenizer, length, task.is_regression, config.data.bucket_batches)
+
+
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
                 data_dir: str | None = None) -> tuple[TaskSpec, TokenizedDataset]:
     """A GLUE split tokenised with a saved model's own tokenizer: what scoring or timing that model reads."""
@@ -70,7 +99,7 @@ def model_split(task: str, model: str | Path, split: str = "dev", max_length: in
                            "student": {"init": "pretrained", "pretrained": str(model)}})
     spec = task_spec(config)
     examples = read_split(config, spec, split)
-    return spec, TokenizedDataset(examples, load_tokenizer(str(model)), max_length, spec.is_regression)
+    return spec, task_dataset(config, spec, examples, load_tokenizer(str(model)))
 
 
 def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Example]:
@@ -95,8 +124,7 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
             continue
-        datasets[split] = TokenizedDataset(capped(examples, config.data.max_eval_examples), tokenizer,
-                                           config.data.max_length, task.is_regression)
+        datasets[split] = task_dataset(config, task, capped(examples, config.data.max_eval_examples), tokenizer)
     return datasets
 
 
@@ -174,10 +202,9 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.model,
                                                 cache_root(config.teacher.cache_dir))
-        elif any(e.label is None for e in train_examples):
+        elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression,
-                                      config.data.bucket_batches)
+        train_data = task_dataset(config, task, train_examples, tokenizer)
         eval_data = load_eval_data(config, task, tokenizer)
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
@@ -194,7 +221,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
     ctx = MethodContext(task=task, student=student, teacher=teacher,
                         total_steps=total_steps(train_data.num_examples, config.train),
-                        train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator,
+                        train_size=train_data.num_examples, accelerator=accelerator,
+                        train_labels=None if task.answer_spans else labels,  # answer positions are no classes
                         train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
@@ -223,7 +251,8 @@ def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[s
 def student_metadata(run: BuiltRun) -> dict:
     return {"task": run.task.name, "labels": list(run.task.labels) if run.task.labels else None,
             "max_length": run.config.data.max_length, "method": run.config.method.name,
-            "teacher": run.config.teacher.model}
+            "teacher": run.config.teacher.model,
+            **({"doc_stride": run.config.task.doc_stride} if run.task.answer_spans else {})}
 
 
 def count_parameters(module: torch.nn.Module) -> dict[str, int]:
@@ -236,9 +265,15 @@ def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
     accelerator = make_accelerator(config.train.mixed_precision)
     # one process decides about the output folder; the others must not race it
+    fresh = not Path(config.output.dir).exists() or not any(Path(config.output.dir).iterdir())
     out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
     accelerator.wait_for_everyone()
-    run = build_run(config, accelerator)
+    try:
+        run = build_run(config, accelerator)
+    except Exception:
+        if fresh and accelerator.is_main_process:  # a run that never started (bad data, say) leaves no folder
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     teacher_passes = 0
     cache_seconds = 0.0
     if run.teacher_cache is not None:

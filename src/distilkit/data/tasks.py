@@ -25,13 +25,22 @@ class TaskSpec:
     hub_name: str = ""  # name of the GLUE config on the Hugging Face hub
     dev_splits: tuple[str, ...] = ("dev",)
     unlabeled: bool = False  # plain text, no labels (general distillation): scored by held-out loss
+    # extractive QA (SQuAD): the head scores every token as answer start and end, logits are (B, 2, T),
+    # labels (B, 2); scored by the official SQuAD metrics with these post-processing settings
+    answer_spans: bool = False
+    no_answer: bool = False  # SQuAD v2.0: questions may have no answer in the context
+    max_answer_length: int = 30  # tokens
+    n_best: int = 20  # start and end candidates per window
+    no_answer_threshold: float = 0.0  # answer "no answer" when null score − best span score exceeds it
 
     @property
     def is_regression(self) -> bool:
-        return self.labels is None
+        return self.labels is None and not self.answer_spans
 
     @property
     def num_labels(self) -> int:
+        if self.answer_spans:
+            return 2  # start and end scores per token
         return 1 if self.labels is None else len(self.labels)
 
     @property
@@ -90,15 +99,34 @@ GLUE_TASKS: dict[str, TaskSpec] = {
     ]
 }
 
+# Extractive QA: SQuAD JSON under <data>/squad/ (or task.train_file / task.dev_file in the same format).
+_QA = dict(text_columns=("question", "context"), label_column="answers", labels=None, answer_spans=True)
+QA_TASKS: dict[str, TaskSpec] = {
+    "squad": TaskSpec("squad", metrics=("f1", "exact_match"), folder="squad/v1.1", hub_name="rajpurkar/squad",
+                      split_files={"train": ("train-v1.1.json", "train-v1.1.first44articles.json"),
+                                   "dev": ("dev-v1.1.json",)}, **_QA),
+    "squad_v2": TaskSpec("squad_v2", metrics=("f1", "exact_match"), folder="squad/v2.0",
+                         hub_name="rajpurkar/squad_v2", no_answer=True,
+                         split_files={"train": ("train-v2.0.json",),
+                                      "dev": ("dev-v2.0.json", "dev-v2.0.reconstructed.json")}, **_QA),
+}
+
 # Task-agnostic distillation on a text corpus (data.corpus): one text column, no labels.
 UNLABELED = TaskSpec("unlabeled", ("text",), "", None, ("heldout_loss",), dev_splits=("heldout",), unlabeled=True)
 
 # Common spellings people type for the same task.
-_ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli"}
+_ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "mnli-m": "mnli", "squad_v1": "squad", "squad2": "squad_v2"}
 
 
 def glue_task(name: str) -> TaskSpec:
     key = _ALIASES.get(name.lower(), name.lower())
     if key not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)} or define a custom task")
+        raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)}, a SQuAD task "
+                         f"{sorted(QA_TASKS)}, or define a custom task")
     return GLUE_TASKS[key]
+
+
+def named_task(name: str) -> TaskSpec:
+    """A registered task: GLUE or SQuAD."""
+    key = _ALIASES.get(name.lower(), name.lower())
+    return QA_TASKS[key] if key in QA_TASKS else glue_task(name)

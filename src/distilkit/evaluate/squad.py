@@ -20,6 +20,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+
+from distilkit.data.dataset import LengthBucketBatchSampler
+from distilkit.data.tasks import TaskSpec
+from distilkit.models.features import FeatureRequest
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = set(string.punctuation)
@@ -135,3 +140,40 @@ def best_spans(contexts: Sequence[str], windows: Sequence[Sequence[int]], offset
         texts.append(best_text)
         odds.append(null_score - best_score if np.isfinite(best_score) else float("inf"))
     return texts, odds
+
+
+@torch.inference_mode()
+def predict_spans(model, dataset, batch_size: int = 128, mixed_precision: str = "no"
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Start and end logits of every window of a `QADataset` (one array per window, one score per token)."""
+    was_training = model.training
+    model.eval()
+    starts: list[np.ndarray | None] = [None] * len(dataset)
+    ends: list[np.ndarray | None] = [None] * len(dataset)
+    for indices in LengthBucketBatchSampler(dataset.lengths, batch_size, seed=0, shuffle=False):
+        batch = dataset.collate([dataset[i] for i in indices])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
+            logits = model.features(batch, FeatureRequest(logits=True)).logits.float().numpy()
+        for row, window in enumerate(indices):
+            length = int(dataset.lengths[window])
+            starts[window], ends[window] = logits[row, 0, :length], logits[row, 1, :length]
+    model.train(was_training)
+    return starts, ends
+
+
+def squad_predictions(task: TaskSpec, dataset, starts, ends) -> tuple[dict[str, str], dict[str, float]]:
+    """Each question's best span and its no-answer odds, by question id."""
+    texts, odds = best_spans([e.context for e in dataset.examples], dataset.windows_of(), dataset.offsets,
+                             starts, ends, task.n_best, task.max_answer_length)
+    ids = [e.id for e in dataset.examples]
+    return dict(zip(ids, texts)), dict(zip(ids, odds))
+
+
+def squad_metrics(model, dataset, task: TaskSpec, batch_size: int = 128, mixed_precision: str = "no"
+                  ) -> dict[str, float]:
+    """The official metrics of a model on a `QADataset`: v1.1, or v2.0 with no-answer odds."""
+    best, odds = squad_predictions(task, dataset, *predict_spans(model, dataset, batch_size, mixed_precision))
+    gold = {e.id: e.answer_texts for e in dataset.examples}
+    if task.no_answer:
+        return squad_v2_scores(gold, best, odds, task.no_answer_threshold)
+    return squad_v1_scores(gold, best)

@@ -60,7 +60,7 @@ class Features:
     attention_mask: torch.Tensor  # (B, T), 1 for real tokens
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, T, D)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, T)
-    logits: torch.Tensor | None = None  # (B, C)
+    logits: torch.Tensor | None = None  # (B, C); a span head (extractive QA): (B, 2, T) start and end scores
     sentence: torch.Tensor | None = None  # (B, D) a student's own sentence vector (the SRA BiLSTM's S_x)
 
     def cls(self, layer: int) -> torch.Tensor:
@@ -131,6 +131,19 @@ def set_attention_scores(model: nn.Module, wanted: bool) -> None:
 
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
+# the score of padding positions in span logits: softmax gives them no mass, in fp32 and bf16 alike
+PADDING_SCORE = -1e4
+
+
+def head_logits(output, attention_mask: torch.Tensor) -> torch.Tensor:
+    """A head's logits as losses read them, classes along the last axis: (B, C) for a sequence head;
+    (B, 2, T) for a span head (`*ForQuestionAnswering`: start, end), padding scored PADDING_SCORE so
+    that a softmax over tokens covers the real ones only."""
+    if "start_logits" not in output:
+        return output.logits
+    logits = torch.stack([output.start_logits, output.end_logits], dim=1)
+    return logits.masked_fill(attention_mask[:, None, :] == 0, PADDING_SCORE)
+
 
 def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
                      embedding_delta: torch.Tensor | None = None,
@@ -152,7 +165,7 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
     with _embedding_shift(model, embedding_delta):
         if request.logits:
             out = model(**inputs, output_hidden_states=want_hidden, output_attentions=want_attention)
-            features.logits = out.logits
+            features.logits = head_logits(out, batch["attention_mask"])
         else:
             with _shallow(model, request.depth):
                 out = base_model(model)(**inputs, output_hidden_states=want_hidden,

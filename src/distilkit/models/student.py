@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
+    AutoTokenizer, PreTrainedModel
 
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
@@ -33,7 +34,20 @@ def uniform_layer_map(student_layers: int, teacher_layers: int) -> list[int]:
     return [math.ceil((i + 1) * teacher_layers / student_layers) for i in range(student_layers)]
 
 
+def head_class(task: TaskSpec):
+    """The Hugging Face model class with the task's head: span scores for extractive QA, else a classifier."""
+    return AutoModelForQuestionAnswering if task.answer_spans else AutoModelForSequenceClassification
+
+
+def saved_head_class(config):
+    """The head class a saved model's config names."""
+    spans = any(a.endswith("ForQuestionAnswering") for a in (config.architectures or []))
+    return AutoModelForQuestionAnswering if spans else AutoModelForSequenceClassification
+
+
 def label_settings(task: TaskSpec) -> dict:
+    if task.answer_spans:
+        return {"num_labels": 2}  # start and end
     if task.is_regression:
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
     return {"num_labels": task.num_labels, "problem_type": "single_label_classification",
@@ -59,7 +73,8 @@ class Student(nn.Module):
 
 
 class TransformerStudent(Student):
-    """A Hugging Face sequence classifier; saves as a plain model `AutoModel*` loads without distilkit."""
+    """A Hugging Face sequence classifier or span (QA) model; saves as a plain model `AutoModel*` (and
+    `pipeline`) loads without distilkit."""
 
     kind = "transformer"
 
@@ -99,7 +114,7 @@ class TransformerStudent(Student):
 
     @classmethod
     def load(cls, directory: Path) -> TransformerStudent:
-        return cls(AutoModelForSequenceClassification.from_pretrained(directory).eval())
+        return cls(saved_head_class(AutoConfig.from_pretrained(directory)).from_pretrained(directory).eval())
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
@@ -165,13 +180,13 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
             if wanted is not None and wanted != getattr(config, attr):
                 raise ValueError(f"student.{key}={wanted} conflicts with the pretrained model's {attr}="
                                  f"{getattr(config, attr)}; drop the shape or use init=random")
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        model = head_class(task).from_pretrained(path, config=config)
         return TransformerStudent(model)
 
     if teacher_model is None:
         raise ValueError(f"student.init={cfg.init} derives the architecture from the teacher: set teacher.model")
     config = _shaped_config(teacher_model.config, cfg, task)
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = head_class(task).from_config(config)
     if cfg.init == "random":
         return TransformerStudent(model)
 

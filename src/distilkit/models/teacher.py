@@ -6,11 +6,12 @@ import hashlib
 import json
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import resolve_model
+from distilkit.models.student import saved_head_class
 
 
 class Teacher:
@@ -21,10 +22,17 @@ class Teacher:
         self.name = name_or_path
         self.path = resolve_model(name_or_path)
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
-        self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-        loader = AutoModelForSequenceClassification if self.has_head else AutoModel
+        architectures = config.architectures or []
+        # span_head: a *ForQuestionAnswering teacher, whose logits are (B, 2, T) start and end scores
+        self.span_head = any(a.endswith("ForQuestionAnswering") for a in architectures)
+        self.has_head = self.span_head or any(a.endswith("ForSequenceClassification") for a in architectures)
+        loader = saved_head_class(config) if self.has_head else AutoModel
         self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval()
         self.model.requires_grad_(False)
+        if self.has_head and task is not None and not task.unlabeled and self.span_head != task.answer_spans:
+            raise ValueError(f"teacher {name_or_path} has a {'span (QA)' if self.span_head else 'classification'} "
+                             f"head but task {task.name} needs {'span' if task.answer_spans else 'class'} scores: "
+                             "fine-tune a teacher for this task first")
         if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")

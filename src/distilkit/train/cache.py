@@ -4,7 +4,8 @@ Outputs are keyed by the teacher's fingerprint (weights, config, precision) and 
 fingerprint (exact token ids), and stored one file per feature, so runs and methods that ask for
 the same layer share it, and any change to teacher, data or tokenisation computes afresh.
 Hidden states and attention scores are stored as float16 (their range is far inside it; the
-rounding, about 1e-3 relative, is below what distillation can notice); logits as float32.
+rounding, about 1e-3 relative, is below what distillation can notice); logits as float32. A span
+(QA) teacher's logits are per token, so they are stored per window like hidden states: (tokens, 2).
 Files are written under a temporary name and renamed when complete: a crash never leaves a
 partial file that looks valid.
 """
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
-from distilkit.models.features import Features, FeatureRequest
+from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
 
 
 def _feature_keys(request: FeatureRequest) -> list[str]:
@@ -46,6 +47,7 @@ class TeacherCache:
         self.pair_offsets = np.concatenate([[0], np.cumsum(self.heads * lengths ** 2)])
         self._arrays: dict[str, np.ndarray] = {}
         self.compute_seconds = 0.0
+        self.span_logits = getattr(teacher, "span_head", False)
 
     def _path(self, key: str) -> Path:
         return self.dir / f"{key}.npy"
@@ -66,6 +68,8 @@ class TeacherCache:
                 shapes[key] = ((int(self.token_offsets[-1]), width), np.float16)
             elif key.startswith("attention_"):
                 shapes[key] = ((int(self.pair_offsets[-1]),), np.float16)
+            elif self.span_logits:
+                shapes[key] = ((int(self.token_offsets[-1]), 2), np.float32)
             else:
                 shapes[key] = ((n, self.teacher.config.num_labels), np.float32)
         temporary = {key: self.dir / f"{key}.{os.getpid()}.tmp.npy" for key in missing}
@@ -89,6 +93,9 @@ class TeacherCache:
                         value = features.attention[int(key.split("_")[1])][row, :, :length, :length]
                         start_at = self.pair_offsets[index]
                         arrays[key][start_at: self.pair_offsets[index + 1]] = value.reshape(-1).numpy()
+                    elif self.span_logits:
+                        start_at = self.token_offsets[index]
+                        arrays[key][start_at: start_at + length] = features.logits[row, :, :length].T.numpy()
                     else:
                         arrays[key][index] = features.logits[row].numpy()
         for key, array in arrays.items():
@@ -175,7 +182,13 @@ class TeacherCache:
                 out[row, :, :n, :n] = source[self.pair_offsets[index]: self.pair_offsets[index + 1]].reshape(
                     self.heads, n, n)
             features.attention[layer] = torch.from_numpy(out)
-        if request.logits:
+        if request.logits and self.span_logits:
+            source = self._array("logits")
+            out = np.full((size, 2, longest), PADDING_SCORE, dtype=np.float32)
+            for row, index in enumerate(ids):
+                out[row, :, : lengths[index]] = source[self.token_offsets[index]: self.token_offsets[index + 1]].T
+            features.logits = torch.from_numpy(out)
+        elif request.logits:
             features.logits = torch.from_numpy(np.asarray(self._array("logits")[ids], dtype=np.float32))
         return features
 
