@@ -25,6 +25,7 @@ import torch
 from distilkit.data.dataset import LengthBucketBatchSampler
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import FeatureRequest
+from distilkit.precision import autocast, module_device, to_device
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = set(string.punctuation)
@@ -148,12 +149,13 @@ def predict_spans(model, dataset, batch_size: int = 128, mixed_precision: str = 
     """Start and end logits of every window of a `QADataset` (one array per window, one score per token)."""
     was_training = model.training
     model.eval()
+    device = module_device(model)
     starts: list[np.ndarray | None] = [None] * len(dataset)
     ends: list[np.ndarray | None] = [None] * len(dataset)
     for indices in LengthBucketBatchSampler(dataset.lengths, batch_size, seed=0, shuffle=False):
-        batch = dataset.collate([dataset[i] for i in indices])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
-            logits = model.features(batch, FeatureRequest(logits=True)).logits.float().numpy()
+        batch = to_device(dataset.collate([dataset[i] for i in indices]), device)
+        with autocast(device, mixed_precision):
+            logits = model.features(batch, FeatureRequest(logits=True)).logits.float().cpu().numpy()
         for row, window in enumerate(indices):
             length = int(dataset.lengths[window])
             starts[window], ends[window] = logits[row, 0, :length], logits[row, 1, :length]
