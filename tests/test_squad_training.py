@@ -198,9 +198,11 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     assert record["student"]["latency_1_thread"]["p50_ms"] > 0 and "f1" in record["student_dev"]
 
     # a v2.0-format file scored end to end: no-answer odds, HasAns/NoAns splits, best threshold
-    result = cli("evaluate", str(student / "final"), "--task", "squad_v2",
+    result = cli("evaluate", str(student / "final"), "--task", "squad_v2", "--max-examples", "12",
                  "--task-set", f"dev_file={squad_files['dev_v2']}")
     assert result.returncode == 0, result.stderr
     scores = json.loads(result.stdout)["metrics"]["dev"]
-    assert scores["HasAns_total"] == 10 and scores["NoAns_total"] == 6
+    # a seeded 12 of the 16 questions; 6 of the 16 have no answer, so at least 2 of the 12
+    assert scores["total"] == 12 and scores["HasAns_total"] + scores["NoAns_total"] == 12
+    assert scores["NoAns_total"] >= 2
     assert {"best_f1", "best_f1_threshold", "NoAns_exact_match"} <= set(scores)

@@ -86,6 +86,8 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
              max_length: Annotated[int | None, typer.Option(help="default 128; a SQuAD model: its training "
                                                                  "max length")] = None,
              batch_size: int = 128,
+             max_examples: Annotated[int | None, typer.Option(help="score a seeded subset of this many examples "
+                                                                   "(questions, for SQuAD) per split")] = None,
              task_set: Annotated[list[str] | None, typer.Option(
                  "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
@@ -93,7 +95,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     from distilkit.config import apply_overrides, build_config
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.student import load_student, load_tokenizer, read_metadata
-    from distilkit.run import eval_splits, read_split, task_dataset, task_spec
+    from distilkit.run import capped, eval_splits, read_split, task_dataset, task_spec
 
     try:
         from distilkit.models.hub import resolve_model
@@ -113,7 +115,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         spec = task_spec(config)
         tokenizer = load_tokenizer(path)
         student = load_student(path)
-        datasets = {s: task_dataset(config, spec, read_split(config, spec, s), tokenizer)
+        datasets = {s: task_dataset(config, spec, capped(read_split(config, spec, s), max_examples), tokenizer)
                     for s in eval_splits(config, spec)}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:

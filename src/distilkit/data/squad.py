@@ -27,6 +27,7 @@ from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.readers import DataError
 
 BadRecords = Literal["error", "skip"]
+CLS_INDEX = 0  # BERT-family pairs start with [CLS]: the label of "no answer in this window"
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,10 @@ class QADataset(TokenizedDataset):
         if not 0 <= doc_stride < max_length:
             raise DataError(f"task.doc_stride={doc_stride} must be below data.max_length={max_length}")
         log = BadRecordLog(bad_records)
-        examples = [e for e in examples if _fits(e, tokenizer, max_length, doc_stride, log)]
+        question_lengths = [len(ids) for ids in tokenizer([e.question.lstrip() for e in examples],
+                                                          add_special_tokens=False)["input_ids"]]
+        room = max_length - tokenizer.num_special_tokens_to_add(pair=True)
+        examples = [e for e, n in zip(examples, question_lengths) if _fits(e, n, room, max_length, doc_stride, log)]
         log.warn("question answering windows")
         if not examples:
             raise ValueError("cannot build a dataset from zero examples")
@@ -171,12 +175,9 @@ class QADataset(TokenizedDataset):
             offsets = np.asarray(encoded["offset_mapping"][w], dtype=np.int64).reshape(-1, 2)
             offsets[~in_context] = -1
             self.offsets.append(offsets)
-            labels.append(answer_tokens(examples[self.window_example[w]], offsets, self.cls_index(w)))
+            labels.append(answer_tokens(examples[self.window_example[w]], offsets))
         self.labels = np.asarray(labels, dtype=np.int64)
         self.has_labels = True
-
-    def cls_index(self, window: int) -> int:
-        return 0  # BERT-family inputs start with [CLS]; the pad is on the right
 
     def windows_of(self) -> list[list[int]]:
         """For each example, its windows in order."""
@@ -186,10 +187,10 @@ class QADataset(TokenizedDataset):
         return out
 
 
-def _fits(example: QAExample, tokenizer, max_length: int, doc_stride: int, log: BadRecordLog) -> bool:
-    """A window must hold the question, 3 special tokens and more context tokens than the stride."""
-    question_tokens = len(tokenizer(example.question.lstrip(), add_special_tokens=False)["input_ids"])
-    room = max_length - question_tokens - tokenizer.num_special_tokens_to_add(pair=True)
+def _fits(example: QAExample, question_tokens: int, room: int, max_length: int, doc_stride: int,
+          log: BadRecordLog) -> bool:
+    """A window must hold the question, the special tokens and more context tokens than the stride."""
+    room -= question_tokens
     if room > doc_stride:
         return True
     log.report(f"{example.where}: the question is {question_tokens} tokens, which leaves {max(room, 0)} context "
@@ -198,7 +199,7 @@ def _fits(example: QAExample, tokenizer, max_length: int, doc_stride: int, log: 
     return False
 
 
-def answer_tokens(example: QAExample, offsets: np.ndarray, cls_index: int = 0) -> tuple[int, int]:
+def answer_tokens(example: QAExample, offsets: np.ndarray, cls_index: int = CLS_INDEX) -> tuple[int, int]:
     """(first, last) token of the first gold answer in this window; (cls, cls) when it is not wholly inside."""
     if example.is_impossible:
         return cls_index, cls_index
