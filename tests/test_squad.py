@@ -9,7 +9,8 @@ import pytest
 from transformers import BertTokenizerFast
 
 from distilkit.data.readers import DataError
-from distilkit.data.squad import QADataset, QAExample, read_squad
+from distilkit.data.qa_windows import QADataset
+from distilkit.data.squad import QAExample, read_squad
 from distilkit.evaluate.squad import best_spans, exact_match, normalize_answer, squad_v1_scores, squad_v2_scores, \
     token_f1
 

@@ -15,7 +15,8 @@ from transformers import BertForQuestionAnswering, BertTokenizerFast
 from conftest import FILLER, POSITIVE, tiny_bert_config
 from distilkit import losses
 from distilkit.config import build_config
-from distilkit.data.squad import QADataset, read_squad
+from distilkit.data.qa_windows import QADataset
+from distilkit.data.squad import read_squad
 from distilkit.models.features import PADDING_SCORE, FeatureRequest
 from distilkit.models.teacher import Teacher
 from distilkit.run import run_experiment

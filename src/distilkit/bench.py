@@ -199,12 +199,15 @@ class Bench:
     # records ------------------------------------------------------------------------------------
 
     def _dev(self, config: ExperimentConfig, model: Path):
+        from distilkit.data.qa_windows import task_dataset
+        from distilkit.data.readers import read_split
+        from distilkit.data.tasks import task_spec
         from distilkit.models.student import load_tokenizer
-        from distilkit.run import eval_splits, read_split, task_dataset, task_spec
 
-        spec = task_spec(config)
-        split = eval_splits(config, spec)[0]
-        dev = task_dataset(config, spec, read_split(config, spec, split), load_tokenizer(str(model)))
+        spec = task_spec(config.task)
+        split = (config.eval.splits or spec.dev_splits)[0]
+        dev = task_dataset(spec, read_split(spec, split, config.data), load_tokenizer(str(model)),
+                           config.data.max_length)
         return spec, split, dev
 
     def teacher_record(self, task: str, config: ExperimentConfig) -> dict:

@@ -80,7 +80,8 @@ def recipe(file: Annotated[Path, typer.Argument(help="recipe YAML: output, defau
 
 @app.command()
 def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teacher folder")],
-             task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
+             task: Annotated[str | None, typer.Option(help="GLUE or SQuAD task; default: the one the model was "
+                                                          "trained on")] = None,
              data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
              split: Annotated[list[str] | None, typer.Option(help="split(s) to score; default dev")] = None,
              max_length: Annotated[int | None, typer.Option(help="default 128; a SQuAD model: its training "
@@ -92,31 +93,30 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                  "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
-    from distilkit.config import apply_overrides, build_config
+    from distilkit.config import DataConfig, TaskConfig, apply_overrides
+    from distilkit.data.qa_windows import task_dataset
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
+    from distilkit.models.hub import resolve_model
     from distilkit.models.student import load_student, load_tokenizer, read_metadata
-    from distilkit.run import capped, eval_splits, read_split, task_dataset, task_spec
+    from distilkit.run import capped
 
     try:
-        from distilkit.models.hub import resolve_model
-
         path = resolve_model(model)
         meta = read_metadata(Path(path))
         task = task or meta.get("task")
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
         spans = "doc_stride" in meta  # a SQuAD model reads windows of the length and stride it trained on
-        task_fields = {"name": task, **({"doc_stride": meta["doc_stride"]} if spans else {})}
+        fields = apply_overrides({"name": task, **({"doc_stride": meta["doc_stride"]} if spans else {})},
+                                 list(task_set or []))
+        spec, settings = task_spec(TaskConfig.model_validate(fields)), DataConfig(dir=data)
         length = max_length or (meta.get("max_length", 128) if spans else 128)
-        config = build_config(apply_overrides(
-            {"task": task_fields, "data": {"dir": data, "max_length": length},
-             "eval": {"splits": split}, "student": {"init": "pretrained", "pretrained": path}},
-            [f"task.{item}" for item in task_set or []]))
-        spec = task_spec(config)
         tokenizer = load_tokenizer(path)
         student = load_student(path)
-        datasets = {s: task_dataset(config, spec, capped(read_split(config, spec, s), max_examples), tokenizer)
-                    for s in eval_splits(config, spec)}
+        datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
+                    for s in split or spec.dev_splits}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
         _fail(err)
@@ -141,30 +141,29 @@ def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student
     """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold label."""
     import random
 
-    from distilkit.config import build_config
-    from distilkit.data.readers import DataError
+    from distilkit.config import DataConfig
+    from distilkit.data.readers import DataError, read_split
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate.similarity import untuned_similarity
-    from distilkit.run import read_split, task_spec
 
     def sample(pairs: list) -> list:
         return pairs if max_pairs is None or len(pairs) <= max_pairs else random.Random(0).sample(pairs, max_pairs)
 
     try:
-        config = build_config({"task": {"name": task}, "data": {"dir": data}, "student": {"init": "random"}})
-        spec = task_spec(config)
+        spec, settings = glue_task(task), DataConfig(dir=data)
         if not spec.is_pair or not (spec.is_regression or spec.labels == ("0", "1")):
             raise ValueError(f"{task} is not a sentence-pair similarity or paraphrase task; use stsb, qqp or mrpc")
         if max_pairs is not None and max_pairs < 2:
             raise ValueError(f"--max-pairs {max_pairs} is too few: give at least 2 (or leave it out for every pair)")
         if held_out_train:
-            train = read_split(config, spec, "train")
+            train = read_split(spec, "train", settings)
             train = random.Random(0).sample(train, len(train))
             fit, scored, split = train[: len(train) // 2], train[len(train) // 2:], "held-out half of train"
         else:
             split = "dev"
-            fit = [] if spec.is_regression else read_split(config, spec, "train")
+            fit = [] if spec.is_regression else read_split(spec, "train", settings)
             try:
-                scored = read_split(config, spec, "dev")
+                scored = read_split(spec, "dev", settings)
             except DataError as err:
                 raise DataError(f"{err}; --held-out-train scores held-out train pairs instead") from None
         threshold_pairs = None if spec.is_regression else sample(fit)
@@ -238,7 +237,8 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
 
 def _answers(student, tokenizer, meta: dict, examples) -> list[dict]:
     """The best answer span (and no-answer odds) of each 'question ||| context' input."""
-    from distilkit.data.squad import QADataset, QAExample
+    from distilkit.data.qa_windows import QADataset
+    from distilkit.data.squad import QAExample
     from distilkit.data.tasks import named_task
     from distilkit.evaluate.squad import predict_spans, squad_predictions
 
@@ -260,12 +260,13 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
            max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
            ) -> None:
     """GLUE test-set predictions in the leaderboard's format (index<TAB>prediction)."""
-    from distilkit.config import build_config
+    from distilkit.config import DataConfig
     from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate.submission import glue_test_splits, write_submission
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
-    from distilkit.run import read_split, task_spec
 
     try:
         meta = read_metadata(model)
@@ -273,13 +274,9 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
         length = max_length or meta.get("max_length", 128)
-        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": length},
-                               "student": {"init": "pretrained", "pretrained": str(model)}})
-        spec = task_spec(config)
-        if spec.name == "custom":
-            raise ValueError("submission files are for GLUE tasks")
+        spec, settings = glue_task(task), DataConfig(dir=data)
         tokenizer = load_tokenizer(str(model))
-        datasets = {split: TokenizedDataset(read_split(config, spec, split), tokenizer, length, spec.is_regression)
+        datasets = {split: TokenizedDataset(read_split(spec, split, settings), tokenizer, length, spec.is_regression)
                     for split in glue_test_splits(spec)}
         written = write_submission(inference_model(model, onnx=use_onnx, int8=int8), spec, datasets, out)
     except _user_errors() as err:

@@ -6,10 +6,8 @@ environment, per-step logs and the final metrics.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -19,87 +17,35 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
+from distilkit.config import DataConfig, ExperimentConfig, dump_config
+from distilkit.data.augment import augmented_examples
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
+from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
-    resolve_data_dir
-from distilkit.data.squad import QADataset, QAExample, read_squad, read_squad_hub
-from distilkit.data.tasks import UNLABELED, TaskSpec, named_task
+from distilkit.data.readers import DATA_ENV, DataError, Example, read_split, resolve_data_dir
+from distilkit.data.tasks import TaskSpec, named_task, task_spec
+from distilkit.evaluate.profile import count_parameters
+from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
-from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
+from distilkit.train.distiller import Distiller, make_accelerator
 
 
 class RunError(RuntimeError):
     pass
 
 
-def task_spec(config: ExperimentConfig) -> TaskSpec:
-    t = config.task
-    if t.name == UNLABELED.name:
-        return UNLABELED
-    if t.name != "custom":
-        spec = named_task(t.name)
-        if spec.answer_spans:
-            spec = dataclasses.replace(spec, max_answer_length=t.max_answer_length, n_best=t.n_best,
-                                       no_answer_threshold=t.no_answer_threshold)
-        return spec
-    labels = tuple(t.labels) if t.labels else None
-    metrics = tuple(t.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
-    return TaskSpec("custom", tuple(t.text_columns), t.label_column, labels, metrics)
-
-
-def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example] | list[QAExample]:
-    if task.answer_spans:
-        return read_qa_split(config, task, split)
-    labeled = not split.startswith("test")
-    if config.task.name == "custom":
-        file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
-        if not file:
-            raise DataError(f"custom task has no {split} file: set task.{split}_file")
-        return read_table(task, Path(file), labeled)
-    if config.data.source == "hub":
-        return read_hub(task, split)
-    folder = resolve_data_dir(config.data.dir) / "glue" / task.folder
-    return read_tsv(task, find_split_file(task, folder, split), labeled)
-
-
-def read_qa_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[QAExample]:
-    """SQuAD JSON: task.<split>_file when set, else <data>/squad/<version>/, or the hub."""
-    file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
-    if file:
-        return read_squad(file, config.task.bad_records)
-    if config.data.source == "hub":
-        return read_squad_hub(task.hub_name, split)
-    folder = resolve_data_dir(config.data.dir) / task.folder
-    return read_squad(find_split_file(task, folder, split), config.task.bad_records)
-
-
-def task_dataset(config: ExperimentConfig, task: TaskSpec, examples: list, tokenizer,
-                 max_length: int | None = None) -> TokenizedDataset:
-    """The rows a model reads: one per example, or for extractive QA one per window of a context."""
-    length = max_length or config.data.max_length
-    if task.answer_spans:
-        return QADataset(examples, tokenizer, length, config.task.doc_stride, config.task.bad_records,
-                         config.data.bucket_batches)
-    return TokenizedDataset(examples, tokenizer, length, task.is_regression, config.data.bucket_batches)
-
-
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
                 data_dir: str | None = None) -> tuple[TaskSpec, TokenizedDataset]:
-    """A GLUE split tokenised with a saved model's own tokenizer: what scoring or timing that model reads."""
-    from distilkit.config import build_config
-
-    config = build_config({"task": {"name": task}, "data": {"dir": data_dir, "max_length": max_length},
-                           "student": {"init": "pretrained", "pretrained": str(model)}})
-    spec = task_spec(config)
-    examples = read_split(config, spec, split)
-    return spec, task_dataset(config, spec, examples, load_tokenizer(str(model)))
+    """A GLUE (or SQuAD) split tokenised with a saved model's own tokenizer: what scoring or timing that model
+    reads."""
+    spec = named_task(task)
+    examples = read_split(spec, split, DataConfig(dir=data_dir))
+    return spec, task_dataset(spec, examples, load_tokenizer(str(model)), max_length)
 
 
 def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Example]:
@@ -110,41 +56,19 @@ def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Exam
     return [examples[i] for i in keep]
 
 
-def eval_splits(config: ExperimentConfig, task: TaskSpec) -> list[str]:
-    return config.eval.splits or (["dev"] if task.name == "custom" else list(task.dev_splits))
-
-
 def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
     datasets = {}
-    for split in eval_splits(config, task):
+    for split in config.eval.splits or task.dev_splits:
         try:
-            examples = read_split(config, task, split)
+            examples = read_split(task, split, config.data)
         except DataError as err:
             if config.eval.splits:  # asked for explicitly: must exist
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
             continue
-        datasets[split] = task_dataset(config, task, capped(examples, config.data.max_eval_examples), tokenizer)
+        datasets[split] = task_dataset(task, capped(examples, config.data.max_eval_examples), tokenizer,
+                                       config.data.max_length)
     return datasets
-
-
-def environment() -> dict:
-    import accelerate
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_bf16": cpu_has_native_bf16(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def prepare_output(config: ExperimentConfig) -> Path:
@@ -188,23 +112,21 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     torch.manual_seed(config.train.seed)
-    task = task_spec(config)
+    task = task_spec(config.task)
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
     tokenizer = load_tokenizer(tokenizer_source)
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
-        train_examples = capped(read_split(config, task, "train"), config.data.max_train_examples)
+        train_examples = capped(read_split(task, "train", config.data), config.data.max_train_examples)
         if config.data.augment is not None:
-            from distilkit.data.augment import augmented_examples
-
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.model,
                                                 cache_root(config.teacher.cache_dir))
         elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        train_data = task_dataset(config, task, train_examples, tokenizer)
+        train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches)
         eval_data = load_eval_data(config, task, tokenizer)
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
@@ -220,11 +142,9 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
     store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
-    ctx = MethodContext(task=task, student=student, teacher=teacher,
-                        total_steps=total_steps(train_data.num_examples, config.train),
-                        train_size=train_data.num_examples, accelerator=accelerator,
+    ctx = MethodContext(task=task, student=student, teacher=teacher, train_size=train_data.num_examples,
                         train_labels=None if task.answer_spans else labels,  # answer positions are no classes
-                        train_data=train_data, store_dir=store_dir)
+                        accelerator=accelerator, train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
@@ -232,9 +152,10 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                         "method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
     cache = None
-    # a streamed corpus is seen about once and changes every chunk: its teacher outputs are computed live
-    cacheable = method_cls.teacher_cacheable and isinstance(train_data, TokenizedDataset)
-    if teacher is not None and config.teacher.cache and cacheable and not request.is_empty():
+    # a streamed corpus is seen about once, and masked batches change every step: their teacher outputs
+    # are computed live
+    fixed_inputs = isinstance(train_data, TokenizedDataset)
+    if teacher is not None and config.teacher.cache and fixed_inputs and not request.is_empty():
         cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
     source = TeacherSource(teacher, request or method.teacher_request(), cache)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache, scratch)
@@ -253,13 +174,7 @@ def student_metadata(run: BuiltRun) -> dict:
     return {"task": run.task.name, "labels": list(run.task.labels) if run.task.labels else None,
             "max_length": run.config.data.max_length, "method": run.config.method.name,
             "teacher": run.config.teacher.model,
-            **({"doc_stride": run.config.task.doc_stride} if run.task.answer_spans else {})}
-
-
-def count_parameters(module: torch.nn.Module) -> dict[str, int]:
-    total = sum(p.numel() for p in module.parameters())
-    embeddings = sum(p.numel() for name, p in module.named_parameters() if "embeddings" in name)
-    return {"total": total, "without_embeddings": total - embeddings}
+            **({"doc_stride": run.task.doc_stride} if run.task.answer_spans else {})}
 
 
 def run_experiment(config: ExperimentConfig) -> dict:

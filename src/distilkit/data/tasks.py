@@ -2,12 +2,16 @@
 
 The nine GLUE tasks are registered here with the column names, canonical label order and
 official metrics of the GLUE tsv files. Custom tasks (csv/jsonl with named columns) are
-described by the same `TaskSpec`, built from the config.
+described by the same `TaskSpec`, built from the config. The config schema checks task names
+against `named_task` (GLUE and SQuAD), registered at the bottom of this file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from distilkit.config import TaskConfig, register_task_lookup
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,8 @@ class TaskSpec:
     labels: tuple[str, ...] | None  # None: regression (one output)
     metrics: tuple[str, ...]  # the first one selects the best checkpoint
     folder: str = ""  # GLUE folder name under <data>/glue/
-    # split name -> file names to try, first found wins (reduced/subset files are fallbacks)
+    # split name -> file names to try, first found wins (reduced/subset files are fallbacks); a custom
+    # task's are its configured paths
     split_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # CoLA's train/dev files have no header: column names in file order
     headerless_columns: tuple[str, ...] | None = None
@@ -29,6 +34,8 @@ class TaskSpec:
     # labels (B, 2); scored by the official SQuAD metrics with these post-processing settings
     answer_spans: bool = False
     no_answer: bool = False  # SQuAD v2.0: questions may have no answer in the context
+    doc_stride: int = 128  # tokens shared by consecutive windows of one context
+    bad_records: str = "error"  # a bad SQuAD record stops the read ("error") or is counted and skipped ("skip")
     max_answer_length: int = 30  # tokens
     n_best: int = 20  # start and end candidates per window
     no_answer_threshold: float = 0.0  # answer "no answer" when null score − best span score exceeds it
@@ -130,3 +137,27 @@ def named_task(name: str) -> TaskSpec:
     """A registered task: GLUE or SQuAD."""
     key = _ALIASES.get(name.lower(), name.lower())
     return QA_TASKS[key] if key in QA_TASKS else glue_task(name)
+
+
+def task_spec(task: TaskConfig) -> TaskSpec:
+    """The configured task: a GLUE or SQuAD task, the unlabeled-text task, or a custom task with its own files."""
+    if task.name == UNLABELED.name:
+        return UNLABELED
+    if task.name != "custom":
+        spec = named_task(task.name)
+        if not spec.answer_spans:
+            return spec
+        # SQuAD-format files of the user's take the place of <data>/squad/ (absolute paths mark them)
+        own = {split: (str(Path(file).resolve()),) for split, file in
+               {"train": task.train_file, "dev": task.dev_file, "test": task.test_file}.items() if file}
+        return replace(spec, split_files={**spec.split_files, **own}, doc_stride=task.doc_stride,
+                       bad_records=task.bad_records, max_answer_length=task.max_answer_length, n_best=task.n_best,
+                       no_answer_threshold=task.no_answer_threshold)
+    labels = tuple(task.labels) if task.labels else None
+    metrics = tuple(task.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
+    files = {"train": task.train_file, "dev": task.dev_file, "test": task.test_file}
+    return TaskSpec("custom", tuple(task.text_columns), task.label_column, labels, metrics,
+                    split_files={split: (file,) for split, file in files.items() if file})
+
+
+register_task_lookup(named_task)
