@@ -292,8 +292,7 @@ class Distiller:
                 if not math.isfinite(value):
                     raise NonFiniteLoss(
                         f"step {progress.step + 1}: loss term {name!r} is {value}; training stopped before applying "
-                        "it (the last checkpoint and best/ are kept): lower train.learning_rate or set "
-                        "train.max_grad_norm")
+                        "it (the last checkpoint and best/ are kept): lower train.learning_rate")
                 terms_sum[name] = terms_sum.get(name, 0.0) + value / len(group)
             acc.backward(loss)
         if cfg.max_grad_norm:
