@@ -138,7 +138,6 @@ def check_launch() -> None:
                           "processes) or `torchrun --nproc_per_node N -m distilkit ...`")
 
 
-
 class TrainLog:
     """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, TensorBoard and the progress
     bar; written by the main process only."""
