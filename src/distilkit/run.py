@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,10 +30,7 @@ from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
-
-
-class RunError(RuntimeError):
-    pass
+from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 
 
 def task_spec(config: ExperimentConfig) -> TaskSpec:
@@ -117,28 +113,6 @@ def environment() -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "python": platform.python_version(),
             "platform": platform.platform()}
-
-
-def prepare_output(config: ExperimentConfig) -> Path:
-    """Never loses earlier work: a finished run is kept (or moved aside with overwrite), an unfinished
-    one with the same config is resumed, and one with another config is refused."""
-    out = Path(config.output.dir)
-    resolved = dump_config(config)
-    if out.exists() and any(out.iterdir()):
-        finished = (out / "metrics.json").is_file()
-        saved = (out / "config.yaml").read_text() if (out / "config.yaml").is_file() else None
-        if finished or (saved is not None and saved != resolved):
-            if not config.output.overwrite:
-                what = "a finished run" if finished else "an unfinished run with a different config"
-                raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
-                               "output.overwrite=true to move it aside (it is kept, renamed)")
-            aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-            shutil.move(str(out), str(aside))
-            print(f"note: moved the earlier run to {aside}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(resolved)
-    (out / "env.json").write_text(json.dumps(environment(), indent=2))
-    return out
 
 
 @dataclass
@@ -235,10 +209,17 @@ def count_parameters(module: torch.nn.Module) -> dict[str, int]:
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
     accelerator = make_accelerator(config.train.mixed_precision)
-    # one process decides about the output folder; the others must not race it
-    out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
+    # one process decides about the output folder (and locks it); the others must not race it
+    if not accelerator.is_main_process:
+        return _run_built(config, accelerator, Path(config.output.dir))
+    with OutputDir(config.output.dir, dump_config(config), config.output.overwrite) as folder:
+        return _run_built(config, accelerator, folder)
+
+
+def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) -> dict:
+    run = build_run(config, accelerator)  # everything is built and validated before anything is written
+    out = folder.start(environment()) if isinstance(folder, OutputDir) else folder
     accelerator.wait_for_everyone()
-    run = build_run(config, accelerator)
     teacher_passes = 0
     cache_seconds = 0.0
     if run.teacher_cache is not None:
