@@ -21,8 +21,8 @@ from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
-    resolve_data_dir
+from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, find_split_file, read_hub, read_table, \
+    read_tsv, resolve_data_dir
 from distilkit.data.tasks import UNLABELED, TaskSpec, glue_task
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
@@ -30,6 +30,7 @@ from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
+from distilkit.train.preflight import check_max_length, check_same_vocabulary
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 
 
@@ -49,7 +50,7 @@ def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Exa
     if config.task.name == "custom":
         file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
         if not file:
-            raise DataError(f"custom task has no {split} file: set task.{split}_file")
+            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
         return read_table(task, Path(file), labeled)
     if config.data.source == "hub":
         return read_hub(task, split)
@@ -86,7 +87,7 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
     for split in eval_splits(config, task):
         try:
             examples = read_split(config, task, split)
-        except DataError as err:
+        except MissingSplit as err:  # a file that exists but cannot be read stops the run
             if config.eval.splits:  # asked for explicitly: must exist
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
@@ -137,7 +138,11 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     task = task_spec(config)
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
-    tokenizer = load_tokenizer(tokenizer_source)
+    trust = config.teacher.trust_remote_code
+    tokenizer = load_tokenizer(tokenizer_source, trust)
+    if config.teacher.model and config.student.init == "pretrained" and config.student.kind == "transformer":
+        check_same_vocabulary(tokenizer, load_tokenizer(config.student.pretrained, trust), config.teacher.model,
+                              config.student.pretrained)
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
@@ -153,6 +158,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         train_data = TokenizedDataset(train_examples, tokenizer, config.data.max_length, task.is_regression,
                                       config.data.bucket_batches)
         eval_data = load_eval_data(config, task, tokenizer)
+    longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
+                  for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
         if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
@@ -162,6 +169,13 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if config.teacher.model:
         teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision)
     student = build_student(config.student, teacher.model if teacher else None, task)
+    student_config = getattr(getattr(student, "model", None), "config", None)
+    check_max_length(config.data.max_length, longest, {"teacher": teacher.config if teacher else None,
+                                                       "student": student_config})
+    if student_config is not None and getattr(student_config, "vocab_size", None) is not None \
+            and student_config.vocab_size < len(tokenizer):
+        raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
+                         f"{tokenizer_source} has {len(tokenizer)} tokens: use a student built for that tokenizer")
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")

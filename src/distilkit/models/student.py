@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores, \
     transformer_layers
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 
 METADATA_FILE = "distilkit.json"
 
@@ -99,7 +100,7 @@ class TransformerStudent(Student):
 
     @classmethod
     def load(cls, directory: Path) -> TransformerStudent:
-        return cls(AutoModelForSequenceClassification.from_pretrained(directory).eval())
+        return cls(AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=False).eval())
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
@@ -130,11 +131,15 @@ def load_student(directory: str | Path) -> Student:
     kind = read_metadata(directory).get("kind", "transformer")
     if kind not in STUDENT_KINDS:
         raise ValueError(f"{directory} holds a {kind!r} student, which this distilkit does not know")
-    return STUDENT_KINDS[kind][1](directory)
+    try:
+        return STUDENT_KINDS[kind][1](directory)
+    except pickle.UnpicklingError:
+        raise refused_pickle(directory) from None
 
 
-def load_tokenizer(name_or_path: str):
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A model's tokenizer; custom tokenizer code runs only when trusted (never asks on a terminal)."""
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
 
 
 def _shaped_config(base_config, cfg: StudentConfig, task: TaskSpec):
@@ -157,7 +162,7 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
     labels = label_settings(task)
     if cfg.init == "pretrained":
         path = resolve_model(cfg.pretrained)
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         for key, value in labels.items():
             setattr(config, key, value)
         for key, attr in (("layers", "num_hidden_layers"), ("hidden", "hidden_size")):
@@ -165,7 +170,11 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
             if wanted is not None and wanted != getattr(config, attr):
                 raise ValueError(f"student.{key}={wanted} conflicts with the pretrained model's {attr}="
                                  f"{getattr(config, attr)}; drop the shape or use init=random")
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(path, config=config,
+                                                                       trust_remote_code=False)
+        except pickle.UnpicklingError:
+            raise refused_pickle(path) from None
         return TransformerStudent(model)
 
     if teacher_model is None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest, encoder_features
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 
 
 class Teacher:
@@ -23,7 +24,10 @@ class Teacher:
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
-        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval()
+        try:
+            self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval()
+        except pickle.UnpicklingError:
+            raise refused_pickle(self.path) from None
         self.model.requires_grad_(False)
         if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
