@@ -221,7 +221,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
         length = max_length or meta.get("max_length", 128)
         dataset = TokenizedDataset(examples, tokenizer, length)
         check_max_length(length, int(dataset.lengths.max()),
-                         {"model": getattr(getattr(student, "model", None), "config", None)})
+                         {"model": getattr(getattr(student, "model", None), "config", None)}, "--max-length")
         cut = sum(len(tokenizer(*e.texts, truncation=False)["input_ids"]) > length for e in examples)
         if cut:
             console.print(f"warning: {cut} of {len(examples)} inputs are longer than {length} tokens and were "

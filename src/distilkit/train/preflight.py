@@ -22,7 +22,7 @@ def usable_positions(model_config) -> int | None:
     return positions
 
 
-def check_max_length(max_length: int, longest: int, models: dict[str, object]) -> None:
+def check_max_length(max_length: int, longest: int, models: dict[str, object], knob: str = "data.max_length") -> None:
     """Inputs must fit every model's position embeddings ({role: model config}); `longest` is the longest
     tokenised input the run reads (at most max_length). A max_length above the positions is harmless
     while no input reaches past them, so the data decides."""
@@ -30,7 +30,7 @@ def check_max_length(max_length: int, longest: int, models: dict[str, object]) -
         limit = usable_positions(model_config) if model_config is not None else None
         if limit is not None and longest > limit:
             raise ValueError(f"max length {max_length} lets inputs of {longest} tokens through, but the {role} has "
-                             f"only {limit} positions: set the max length (data.max_length) to at most {limit}")
+                             f"only {limit} positions: set {knob} to at most {limit}")
 
 
 def check_same_vocabulary(teacher_tokenizer, student_tokenizer, teacher: str, student: str) -> None:
