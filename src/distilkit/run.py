@@ -167,7 +167,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
 
     teacher = None
     if config.teacher.model:
-        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision)
+        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision,
+                          device=accelerator.device if accelerator is not None else "cpu")
     student = build_student(config.student, teacher.model if teacher else None, task)
     student_config = getattr(getattr(student, "model", None), "config", None)
     check_max_length(config.data.max_length, longest, {"teacher": teacher.config if teacher else None,
@@ -258,7 +259,6 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     wall = time.perf_counter() - start
     if not accelerator.is_main_process:
         return summary
-    save(run.student, out / "final")
     final_eval = summary["evals"][-1] if summary["evals"] else {}
     metrics = {
         "task": run.task.name, "method": config.method.name, "student": config.student.preset or "custom",

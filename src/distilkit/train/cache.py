@@ -37,6 +37,7 @@ from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.models.features import Features, FeatureRequest, set_attention_scores
+from distilkit.precision import to_device
 
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
 
@@ -197,7 +198,7 @@ class TeacherCache:
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
         for indices in sampler:
             batch = self.dataset.collate([self.dataset[i] for i in indices])
-            features = self.teacher.features(batch, request)
+            features = to_device(self.teacher.features(batch, request), torch.device("cpu"))
             for row, index in enumerate(indices):
                 length = int(self.dataset.lengths[index])
                 for key in missing:
@@ -235,7 +236,7 @@ class TeacherCache:
             start = time.perf_counter()
             for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
                 batch = self.dataset.collate([self.dataset[i] for i in indices])
-                derived = {part: value.numpy()
+                derived = {part: value.cpu().numpy()
                            for part, value in derive(batch, self.teacher.features(batch, request)).items()}
                 for part, value in derived.items():
                     if part not in arrays:
