@@ -270,10 +270,10 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
     config["output"]["dir"] = str(tmp_path / "crashed")
     real = distiller_module.Distiller._evaluate_and_keep_best
 
-    def die_at_step_5(self, state, *args):
-        if state["step"] == 5:  # steps 4 and 5 are logged, the last checkpoint is at step 3
+    def die_at_step_5(self, wrapped, state, *args):
+        if state.step == 5:  # steps 4 and 5 are logged, the last checkpoint is at step 3
             raise Crash
-        return real(self, state, *args)
+        return real(self, wrapped, state, *args)
 
     monkeypatch.setattr(distiller_module.Distiller, "_evaluate_and_keep_best", die_at_step_5)
     with pytest.raises(Crash):
