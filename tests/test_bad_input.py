@@ -36,7 +36,7 @@ class Where:
     def distill(self, *sets: str) -> list[str]:
         """A valid KD run, changed by `sets`."""
         base = [f"data.dir={self.glue}", f"teacher.model={self.teacher}", "method.name=kd", "student.init=random",
-                "student.layers=1", "train.max_steps=1", f"output.dir={self.tmp / 'out'}"]
+                "student.layers=1", "train.max_steps=1", "train.mixed_precision=no", f"output.dir={self.tmp / 'out'}"]
         return ["distill"] + [a for s in base + list(sets) for a in ("--set", s)]
 
     def custom(self, train: Path, *sets: str, dev: Path | None = None) -> list[str]:

@@ -141,8 +141,12 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     trust = config.teacher.trust_remote_code
     tokenizer = load_tokenizer(tokenizer_source, trust)
     if config.teacher.model and config.student.init == "pretrained" and config.student.kind == "transformer":
-        check_same_vocabulary(tokenizer, load_tokenizer(config.student.pretrained, trust), config.teacher.model,
-                              config.student.pretrained)
+        try:
+            student_tokenizer = load_tokenizer(config.student.pretrained, trust)
+        except (OSError, ValueError, TypeError):  # a folder without tokenizer files: the embedding size is checked below
+            student_tokenizer = None
+        if student_tokenizer is not None:
+            check_same_vocabulary(tokenizer, student_tokenizer, config.teacher.model, config.student.pretrained)
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
