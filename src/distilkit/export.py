@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distilkit.models.features import Features
 from distilkit.models.student import TransformerStudent, load_student, read_metadata
 
 ONNX_FILE = "model.onnx"
@@ -118,8 +119,6 @@ class OnnxStudent:
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def features(self, batch, request=None):
-        from distilkit.models.features import Features
-
         feeds = {name: batch[name].numpy() for name in self.input_names}
         logits = torch.from_numpy(self.session.run(["logits"], feeds)[0])
         return Features(attention_mask=batch["attention_mask"], logits=logits)

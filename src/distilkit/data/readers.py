@@ -1,4 +1,5 @@
-"""Readers: GLUE tsv folders, custom csv/jsonl files, and the Hugging Face hub.
+"""Readers: GLUE tsv folders, custom csv/jsonl files, and the Hugging Face hub; `read_split` picks the one
+a task's split comes from.
 
 Every reader returns a list of `Example`. A row that cannot be parsed stops the read with a
 `DataError` naming the file and line; nothing is skipped silently.
@@ -13,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from distilkit.config import DataConfig
 from distilkit.data.tasks import TaskSpec
 
 DATA_ENV = "DISTILKIT_DATA"
@@ -62,6 +64,21 @@ def resolve_data_dir(configured: str | None) -> Path:
     if not path.is_dir():
         raise DataError(f"data directory {path} does not exist (from data.dir or ${DATA_ENV})")
     return path
+
+
+def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
+    """A split's examples: a custom task's own file, else GLUE from data.dir (or the hub with data.source=hub).
+    Test splits are read without labels."""
+    labeled = not split.startswith("test")
+    if task.name == "custom":
+        files = task.split_files.get(split)
+        if not files:
+            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
+        return read_table(task, Path(files[0]), labeled)
+    if data.source == "hub":
+        return read_hub(task, split)
+    folder = resolve_data_dir(data.dir) / "glue" / task.folder
+    return read_tsv(task, find_split_file(task, folder, split), labeled)
 
 
 def find_split_file(task: TaskSpec, folder: Path, split: str) -> Path:
