@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from filelock import FileLock
 from transformers import BertForSequenceClassification, BertTokenizerFast
 from typer.testing import CliRunner
@@ -191,6 +192,7 @@ def where(tmp_path, glue_dir, tiny_teacher, tiny_base_model, monkeypatch):
     yield w
     if getattr(w, "lock", None) is not None:
         w.lock.release()
+    AcceleratorState._reset_state(reset_partial_state=True)  # in one process: leave no precision set for later tests
 
 
 def run_case(where: Where, name: str):

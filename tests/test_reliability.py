@@ -31,6 +31,14 @@ from distilkit.train.outdir import LOCK_FILE
 PYTHON = sys.executable
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # later tests in this process choose their own precision
+
+
 def tiny_config(glue_dir, teacher, out, method=None, **train) -> dict:
     return {
         "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32},
