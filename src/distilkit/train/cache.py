@@ -17,9 +17,8 @@ One process at a time fills an entry folder (a file lock); others wait and then 
 
 What is stored never depends on what the cache held before: each missing entry is computed by a
 pass as deep as the method's whole request (a pass the model can make, since a cold run makes it),
-hidden states and logits with the model's default attention kernel and attention scores with the
-score-returning one. So a cache that earlier runs of other methods filled gives the same values,
-bit for bit, as an empty one.
+and asking for attention scores does not change what the model computes (models/features.py). So
+a cache that earlier runs of other methods filled gives the same values, bit for bit, as an empty one.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import torch
 from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
-from distilkit.models.features import Features, FeatureRequest, set_attention_scores
+from distilkit.models.features import Features, FeatureRequest
 from distilkit.precision import to_device
 
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
@@ -167,15 +166,7 @@ class TeacherCache:
                 return 0
             passes_before = self.teacher.forward_passes
             start = time.perf_counter()
-            plain = [k for k in missing if not k.startswith("attention_")]
-            scored = [k for k in missing if k.startswith("attention_")]
-            was_scoring = getattr(self.teacher.config, "_attn_implementation", None)
-            for keys, scores in ((plain, False), (scored, True)):
-                if keys:
-                    set_attention_scores(self.teacher.model, scores)
-                    self._compute(keys, _pass_for(keys, request), batch_size)
-            if was_scoring is not None and was_scoring != getattr(self.teacher.config, "_attn_implementation", None):
-                self.teacher.model.set_attn_implementation(was_scoring)  # later live passes as a cold run has them
+            self._compute(missing, _pass_for(missing, request), batch_size)
             self.compute_seconds += time.perf_counter() - start
             (self.dir / "meta.json").write_text(json.dumps({
                 "teacher": self.teacher.name, "examples": len(self.dataset),
