@@ -173,8 +173,8 @@ CASES: dict[str, tuple] = {
                                                                                            "distilkit export"]),
     "evaluate without task": (lambda w: ["evaluate", str(w.teacher)], ["--task"]),
     "export into a full folder": (lambda w: ["export", str(w.teacher), str(w.glue)], ["not empty"]),
-    "recipe missing": (lambda w: ["recipe", str(w.tmp / "r.yaml")], ["r.yaml"]),
-    "bench suite missing": (lambda w: ["bench", str(w.tmp / "s.yaml")], ["s.yaml"]),
+    "unknown --preset name": (lambda w: ["distill", "--preset", "kd-sst3"], ["kd-sst3"]),
+    "bench plan missing": (lambda w: ["bench", str(w.tmp / "s.yaml")], ["s.yaml"]),
 }
 
 
