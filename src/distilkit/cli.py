@@ -12,7 +12,7 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # an error stays on one line, however long
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (or --preset NAME)")]
 PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (src/distilkit/presets/), "
@@ -21,6 +21,8 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 
 
 def _user_errors():
+    from pickle import UnpicklingError
+
     from distilkit.config import ConfigError
     from distilkit.data.readers import DataError
     from distilkit.models.hub import ModelNotFound
@@ -28,11 +30,19 @@ def _user_errors():
     from distilkit.train.distiller import LaunchError, NonFiniteLoss
 
     return ConfigError, DataError, ModelNotFound, RunError, LaunchError, NonFiniteLoss, FileExistsError, \
-        FileNotFoundError, ValueError, TypeError
+        FileNotFoundError, ValueError, TypeError, UnpicklingError
 
 
 def _fail(err: Exception) -> None:
-    console.print(f"[bold red]error:[/] {err}")
+    from pickle import UnpicklingError
+    from rich.markup import escape
+
+    if isinstance(err, UnpicklingError):
+        message = ("a pickle file was refused: it holds more than tensors, and distilkit never runs pickled code; "
+                   "use a model saved as safetensors, from a source you trust")
+    else:  # one line: the problem and the fix (library messages can run to several lines)
+        message = " ".join(str(err).split()) or type(err).__name__
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -188,7 +198,8 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             file: Annotated[Path | None, typer.Option(help="one input per line")] = None,
             use_onnx: Annotated[bool, typer.Option("--onnx", help="run model.onnx with ONNX Runtime")] = False,
             int8: Annotated[bool, typer.Option("--int8", help="run model.int8.onnx with ONNX Runtime")] = False,
-            max_length: int = 128) -> None:
+            max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
+            ) -> None:
     """Predict labels for raw text with a saved student; one JSON line per input."""
     import torch
 
@@ -197,24 +208,35 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     from distilkit.evaluate.evaluator import predict_logits
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
+    from distilkit.train.preflight import check_max_length
 
     try:
         lines = list(texts or [])
         if file:
-            lines += [line.rstrip("\n") for line in file.read_text().splitlines() if line.strip()]
+            lines += [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not lines:
             raise ValueError("give text arguments or --file")
+        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        empty = [i + 1 for i, e in enumerate(examples) if not all(e.texts)]
+        if empty:
+            raise ValueError(f"input {empty[0]} is empty (or a pair with an empty side): give text to predict on")
+        if len({len(e.texts) for e in examples}) != 1:
+            raise ValueError("mix of single texts and pairs: give all inputs in the same form")
         meta = read_metadata(model)
         tokenizer = load_tokenizer(str(model))
         student = inference_model(model, onnx=use_onnx, int8=int8)
-        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
-        if len({len(e.texts) for e in examples}) != 1:
-            raise ValueError("mix of single texts and pairs: give all inputs in the same form")
-        if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context'
+        if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context', read in windows
             for answer in _answers(student, tokenizer, meta, examples):
                 print(json.dumps(answer))
             return
-        dataset = TokenizedDataset(examples, tokenizer, meta.get("max_length", max_length))
+        length = max_length or meta.get("max_length", 128)
+        dataset = TokenizedDataset(examples, tokenizer, length)
+        check_max_length(length, int(dataset.lengths.max()),
+                         {"model": getattr(getattr(student, "model", None), "config", None)}, "--max-length")
+        cut = sum(len(tokenizer(*e.texts, truncation=False)["input_ids"]) > length for e in examples)
+        if cut:
+            console.print(f"warning: {cut} of {len(examples)} inputs are longer than {length} tokens and were "
+                          "truncated; raise --max-length (up to the model's positions) to read them whole")
         logits = predict_logits(student, dataset)
     except _user_errors() as err:
         _fail(err)

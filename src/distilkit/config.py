@@ -52,6 +52,10 @@ def register_task_lookup(lookup: Callable[[str], Any]) -> None:
     _task_lookup = lookup
 
 
+CLASSIFICATION_METRICS = {"accuracy", "f1", "matthews"}
+REGRESSION_METRICS = {"pearson", "spearman"}
+
+
 class TaskConfig(StrictModel):
     # a GLUE task, squad / squad_v2 (extractive QA), "custom" with the fields below, or "unlabeled" (data.corpus)
     name: str = "sst2"
@@ -77,6 +81,15 @@ class TaskConfig(StrictModel):
                 raise ValueError("a custom task needs text_columns: one or two column names")
             if not self.train_file:
                 raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
+            wrong = sorted(set(self.metrics or []) & (CLASSIFICATION_METRICS if self.labels is None
+                                                      else REGRESSION_METRICS))
+            if wrong:
+                kind, fit = (("regression (no labels)", REGRESSION_METRICS) if self.labels is None
+                             else ("classification", CLASSIFICATION_METRICS))
+                raise ValueError(f"task.metrics {wrong} do not apply to a {kind} task: use {sorted(fit)}")
+        elif self.metrics is not None:
+            raise ValueError(f"task.metrics is for custom tasks; {self.name} is scored with its own metrics: "
+                             "drop task.metrics")
         elif self.name != "unlabeled" and _task_lookup is not None:
             _task_lookup(self.name)
         return self
@@ -304,7 +317,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                 raise ConfigError(f"override {item!r}: {key} is not a section")
         if isinstance(node, list):
             raise ConfigError(f"override {item!r}: set a field of a list item, e.g. {path}.0.name=...")
-        node[last] = yaml.safe_load(raw)
+        try:
+            node[last] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            problem = str(err).splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); quote text, e.g. "
+                              f"{path}='\"...\"'") from None
     return data
 
 
@@ -325,6 +343,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not data:
+            raise ConfigError(f"{path} is empty: write the sections that differ from the defaults (task, teacher, "
+                              "student, method, ...; see configs/), or give only --set overrides without a file")
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of sections (task, data, teacher, ...)")
     return build_config(apply_overrides(data, overrides or []))

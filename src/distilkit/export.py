@@ -7,6 +7,9 @@ without distilkit. ONNX export is checked against PyTorch on real inputs before 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -28,7 +31,7 @@ def copy_pretrained(source: Path, destination: Path) -> Path:
     student = load_student(source)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     student.save(destination, tokenizer, {k: v for k, v in read_metadata(source).items() if k != "kind"})
     return destination
 
@@ -48,7 +51,7 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
         raise TypeError(f"ONNX export supports plain Transformer students; {model_dir} holds a {student.kind} student")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model = student.model.eval()
     inputs = _sample_inputs(model, tokenizer)
     names = list(inputs)
@@ -144,12 +147,26 @@ def inference_model(model_dir: Path, onnx: bool = False, int8: bool = False):
 
 
 def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False) -> dict[str, str]:
-    destination = copy_pretrained(model_dir, destination)
-    written = {"pretrained": str(destination)}
-    if onnx or int8:
-        onnx_path = export_onnx(destination)
-        written["onnx"] = str(onnx_path)
-        if int8:
-            written["int8"] = str(quantize_int8(onnx_path))
-    return written
+    """Builds the export in a temporary folder beside `destination` and renames it into place only when
+    every part succeeded: a failed export leaves no half-made destination."""
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise FileExistsError(f"{destination} is not empty; choose a new folder")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
+    try:
+        copy_pretrained(model_dir, building)
+        parts = {"pretrained": building}
+        if onnx or int8:
+            parts["onnx"] = export_onnx(building)
+            if int8:
+                parts["int8"] = quantize_int8(parts["onnx"])
+        if destination.exists():
+            destination.rmdir()
+        os.replace(building, destination)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return {name: str(destination / path.relative_to(building)) if path != building else str(destination)
+            for name, path in parts.items()}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, read_split, resolve_data_dir
+from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
@@ -33,10 +32,8 @@ from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator
-
-
-class RunError(RuntimeError):
-    pass
+from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
+from distilkit.train.preflight import check_max_length, check_same_vocabulary
 
 
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
@@ -61,7 +58,7 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
     for split in config.eval.splits or task.dev_splits:
         try:
             examples = read_split(task, split, config.data)
-        except DataError as err:
+        except MissingSplit as err:  # a file that exists but cannot be read stops the run
             if config.eval.splits:  # asked for explicitly: must exist
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
@@ -71,26 +68,6 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
     return datasets
 
 
-def prepare_output(config: ExperimentConfig) -> Path:
-    """Never loses earlier work: a finished run is kept (or moved aside with overwrite), an unfinished
-    one with the same config is resumed, and one with another config is refused."""
-    out = Path(config.output.dir)
-    resolved = dump_config(config)
-    if out.exists() and any(out.iterdir()):
-        finished = (out / "metrics.json").is_file()
-        saved = (out / "config.yaml").read_text() if (out / "config.yaml").is_file() else None
-        if finished or (saved is not None and saved != resolved):
-            if not config.output.overwrite:
-                what = "a finished run" if finished else "an unfinished run with a different config"
-                raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
-                               "output.overwrite=true to move it aside (it is kept, renamed)")
-            aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-            shutil.move(str(out), str(aside))
-            print(f"note: moved the earlier run to {aside}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(resolved)
-    (out / "env.json").write_text(json.dumps(environment(), indent=2))
-    return out
 
 
 @dataclass
@@ -115,7 +92,15 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     task = task_spec(config.task)
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
-    tokenizer = load_tokenizer(tokenizer_source)
+    trust = config.teacher.trust_remote_code
+    tokenizer = load_tokenizer(tokenizer_source, trust)
+    if config.teacher.model and config.student.init == "pretrained" and config.student.kind == "transformer":
+        try:
+            student_tokenizer = load_tokenizer(config.student.pretrained, trust)
+        except (OSError, ValueError, TypeError):  # a folder without tokenizer files: the embedding size is checked below
+            student_tokenizer = None
+        if student_tokenizer is not None:
+            check_same_vocabulary(tokenizer, student_tokenizer, config.teacher.model, config.student.pretrained)
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
@@ -128,6 +113,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             raise DataError("training examples need labels")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches)
         eval_data = load_eval_data(config, task, tokenizer)
+    longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
+                  for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
         if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
@@ -138,6 +125,13 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision,
                           device=accelerator.device if accelerator is not None else "cpu")
     student = build_student(config.student, teacher.model if teacher else None, task)
+    student_config = getattr(getattr(student, "model", None), "config", None)
+    check_max_length(config.data.max_length, longest, {"teacher": teacher.config if teacher else None,
+                                                       "student": student_config})
+    if student_config is not None and getattr(student_config, "vocab_size", None) is not None \
+            and student_config.vocab_size < len(tokenizer):
+        raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
+                         f"{tokenizer_source} has {len(tokenizer)} tokens: use a student built for that tokenizer")
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
@@ -180,16 +174,17 @@ def student_metadata(run: BuiltRun) -> dict:
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
     accelerator = make_accelerator(config.train.mixed_precision)
-    # one process decides about the output folder; the others must not race it
-    fresh = not Path(config.output.dir).exists() or not any(Path(config.output.dir).iterdir())
-    out = prepare_output(config) if accelerator.is_main_process else Path(config.output.dir)
+    # one process decides about the output folder (and locks it); the others must not race it
+    if not accelerator.is_main_process:
+        return _run_built(config, accelerator, Path(config.output.dir))
+    with OutputDir(config.output.dir, dump_config(config), config.output.overwrite) as folder:
+        return _run_built(config, accelerator, folder)
+
+
+def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) -> dict:
+    run = build_run(config, accelerator)  # everything is built and validated before anything is written
+    out = folder.start(environment()) if isinstance(folder, OutputDir) else folder
     accelerator.wait_for_everyone()
-    try:
-        run = build_run(config, accelerator)
-    except Exception:
-        if fresh and accelerator.is_main_process:  # a run that never started (bad data, say) leaves no folder
-            shutil.rmtree(out, ignore_errors=True)
-        raise
     teacher_passes = 0
     cache_seconds = 0.0
     if run.teacher_cache is not None:

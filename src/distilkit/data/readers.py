@@ -24,6 +24,28 @@ DATA_ENV = "DISTILKIT_DATA"
 
 
 
+class MissingSplit(DataError):
+    """A split with no file at all (a default evaluation split may be skipped; a broken file may not)."""
+
+
+def _not_utf8(path: Path) -> DataError:
+    """Names the first line of `path` that is not UTF-8."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return DataError(f"{path}:{line_no}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                                 f"{err.start + 1}); re-save the file as UTF-8")
+    return DataError(f"{path}: not UTF-8 text; re-save the file as UTF-8")
+
+
+def _some(examples: list, path: Path) -> list:
+    if not examples:
+        raise DataError(f"{path}: no examples (empty, or a header only); point the config at a file with rows")
+    return examples
+
+
 @dataclass(frozen=True)
 class Example:
     texts: tuple[str, ...]  # one or two texts
@@ -53,7 +75,7 @@ def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
     if task.name == "custom":
         files = task.split_files.get(split)
         if not files:
-            raise DataError(f"custom task has no {split} file: set task.{split}_file")
+            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
         return read_table(task, Path(files[0]), labeled)
     if data.source == "hub":
         return read_hub(task, split)
@@ -82,7 +104,7 @@ def find_split_file(task: TaskSpec, folder: Path, split: str) -> Path:
     for name in candidates:
         if (folder / name).is_file():
             return folder / name
-    raise DataError(f"no {split} file for {task.name} in {folder}: looked for {', '.join(candidates)}")
+    raise MissingSplit(f"no {split} file for {task.name} in {folder}: looked for {', '.join(candidates)}")
 
 
 def _parse_label(task: TaskSpec, raw: str | int | float | None, where: str) -> int | float | None:
@@ -114,6 +136,13 @@ def _row_to_example(task: TaskSpec, row: dict, where: str, labeled: bool) -> Exa
 
 def read_tsv(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A GLUE-format tsv (no quoting, as the GLUE scripts and HF read them)."""
+    try:
+        return _some(_read_tsv(task, path, labeled), path)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _read_tsv(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
     csv.field_size_limit(sys.maxsize)
     examples: list[Example] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
@@ -141,6 +170,15 @@ def read_tsv(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
 
 def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A custom task file: .tsv/.csv with a header, or .jsonl with one object per line."""
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist (from the task's *_file fields)")
+    try:
+        return _some(_read_table(task, path, labeled), path)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _read_table(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         examples = []

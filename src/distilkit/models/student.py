@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import FamilyError, family_of, layer_list_prefix
 from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 
 METADATA_FILE = "distilkit.json"
 
@@ -118,7 +119,8 @@ class TransformerStudent(Student):
 
     @classmethod
     def load(cls, directory: Path) -> TransformerStudent:
-        return cls(saved_head_class(AutoConfig.from_pretrained(directory)).from_pretrained(directory).eval())
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+        return cls(saved_head_class(config).from_pretrained(directory, trust_remote_code=False).eval())
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
@@ -149,18 +151,22 @@ def load_student(directory: str | Path) -> Student:
     kind = read_metadata(directory).get("kind", "transformer")
     if kind not in STUDENT_KINDS:
         raise ValueError(f"{directory} holds a {kind!r} student, which this distilkit does not know")
-    return STUDENT_KINDS[kind][1](directory)
+    try:
+        return STUDENT_KINDS[kind][1](directory)
+    except pickle.UnpicklingError:
+        raise refused_pickle(directory) from None
 
 
-def load_tokenizer(name_or_path: str):
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A model's tokenizer; custom tokenizer code runs only when trusted (never asks on a terminal)."""
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
 
 
 def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None, task: TaskSpec) -> Student:
     labels = label_settings(task)
     if cfg.init == "pretrained":
         path = resolve_model(cfg.pretrained)
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         for key, value in labels.items():
             setattr(config, key, value)
         family = family_of(config)
@@ -170,7 +176,10 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
                 raise FamilyError(f"{family.name} student: student.{knob}={wanted} conflicts with the pretrained "
                                   f"model's {family.config_names.get(knob) or knob}={pretrained_shape.get(knob)}; "
                                   "drop the shape or use init=random")
-        model = head_class(task).from_pretrained(path, config=config)
+        try:
+            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False)
+        except pickle.UnpicklingError:
+            raise refused_pickle(path) from None
         return TransformerStudent(model)
 
     if teacher_model is None:

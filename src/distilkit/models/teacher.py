@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
@@ -12,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering, A
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import family_of
 from distilkit.models.features import Features, FeatureRequest, encoder_features
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 from distilkit.precision import autocast, module_device, to_device
 
 
@@ -38,7 +39,10 @@ class Teacher:
         self.head = head_of(config)  # kept with the model: a fine-tuned teacher's predictions are what KD distils
         self.has_head = self.head is not None
         loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
-        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+        try:
+            self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+        except pickle.UnpicklingError:
+            raise refused_pickle(self.path) from None
         self.model.requires_grad_(False)
         self.family = family_of(self.model)
         # span_head: a *ForQuestionAnswering teacher, whose logits are (B, 2, T) start and end scores
