@@ -130,10 +130,10 @@ class TeacherCache:
         return self.dir / f"{key}.npy"
 
     def _rows(self, key: str) -> int:
-        if key.startswith("hidden_") or self.span_logits:  # a span teacher's logits are per token
-            return int(self.token_offsets[-1])
         if key.startswith("attention_"):
             return int(self.pair_offsets[-1])
+        if key.startswith("hidden_") or self.span_logits:  # a span teacher's logits are per token
+            return int(self.token_offsets[-1])
         return len(self.dataset)
 
     def _usable(self, key: str, rows: int | None) -> bool:
