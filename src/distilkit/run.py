@@ -221,7 +221,7 @@ def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[s
 
 
 def student_metadata(run: BuiltRun) -> dict:
-    return {"task": run.task.name, "labels": list(run.task.labels) if run.task.labels else None,
+    return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": run.config.data.max_length, "method": run.config.method.name,
             "teacher": run.config.teacher.model}
 

@@ -147,13 +147,12 @@ def read_hub(task: TaskSpec, split: str) -> list[Example]:
                  "dev_mismatched": "validation_mismatched"}.get(split, split)
     data = load_dataset("nyu-mll/glue", task.hub_name, split=hub_split)
     columns = [c for c in data.column_names if c not in ("label", "idx")]
-    names = getattr(data.features["label"], "names", None)
-    # The hub orders MNLI labels differently from the GLUE tsv files: map by name where names match.
-    by_name = names is not None and task.labels is not None and set(names) <= set(task.labels)
+    names = data.features["label"].names if task.labels is not None else None
+    # The hub orders MNLI labels differently from the GLUE tsv files: map by name.
     examples = []
     for row in data:
         label = row["label"]
         if task.labels is not None:
-            label = None if label < 0 else (task.labels.index(names[label]) if by_name else int(label))
+            label = None if label < 0 else task.label_names.index(names[label])
         examples.append(Example(tuple(str(row[c]) for c in columns[: len(task.text_columns)]), label))
     return examples
