@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | recipe | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
+"""`distilkit finetune | distill | recipe | evaluate | export | push | predict | submit | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 
@@ -173,6 +173,20 @@ def export(model: Annotated[Path, typer.Argument(help="a saved student folder")]
     except _user_errors() as err:
         _fail(err)
     print(json.dumps(written, indent=2))
+
+
+@app.command()
+def push(folder: Annotated[Path, typer.Argument(help="a saved student folder (a run's best/ or final/, or an export)")],
+         repo_id: Annotated[str, typer.Argument(help="Hub model repo, user/name (created if missing)")],
+         private: Annotated[bool, typer.Option(help="create the repo private")] = False) -> None:
+    """Publish a student (weights, tokenizer, model card) on the Hugging Face Hub; log in first (`hf auth login`)."""
+    from distilkit.card import push_to_hub
+
+    try:
+        url = push_to_hub(folder, repo_id, private)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"pushed": str(folder), "url": url}))
 
 
 @app.command()

@@ -186,6 +186,7 @@ class OutputConfig(StrictModel):
     dir: str = "runs/experiment"
     # a finished run in dir is kept unless overwrite is set; an unfinished one is resumed
     overwrite: bool = False
+    push_to_hub: str | None = None  # a Hub repo id (user/name): the best student is uploaded there, card included
 
 
 class ExperimentConfig(StrictModel):

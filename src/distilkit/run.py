@@ -6,6 +6,7 @@ environment, per-step logs and the final metrics.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distilkit.card import command_line, measure_against_teacher, model_origin, push_to_hub, write_card
 from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
@@ -221,9 +223,27 @@ def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[s
 
 
 def student_metadata(run: BuiltRun) -> dict:
+    """What a saved student records of its making (`distilkit.json`); its model card reads it."""
+    config = run.config
+    origin = {"pretrained": config.student.pretrained, "teacher_layers": config.teacher.model}.get(config.student.init)
+    doc = (inspect.getmodule(get_method(config.method.name)).__doc__ or "").strip()
     return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
-            "max_length": run.config.data.max_length, "method": run.config.method.name,
-            "teacher": run.config.teacher.model}
+            "max_length": config.data.max_length, "method": config.method.name,
+            "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
+            "teacher": config.teacher.model, "teacher_base_model": model_origin(config.teacher.model),
+            "base_model": model_origin(origin)}
+
+
+def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
+    """Model cards for the run's best/ and final/ students; pushes best/ when output.push_to_hub names a repo."""
+    common = {"metrics": metrics, "config_text": dump_config(config), "command": command_line(),
+              "machine": environment()["cpu"]}
+    if (out / "best").is_dir():
+        write_card(out / "best", metrics["best_scores"], **common)
+    write_card(out / "final", metrics["final"], **common)
+    if config.output.push_to_hub:
+        folder = out / "best" if (out / "best").is_dir() else out / "final"
+        print(f"pushed {folder} to {push_to_hub(folder, config.output.push_to_hub)}")
 
 
 def count_parameters(module: torch.nn.Module) -> dict[str, int]:
@@ -280,5 +300,10 @@ def run_experiment(config: ExperimentConfig) -> dict:
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "seed": config.train.seed,
     }
+    best_eval = next((e for e in summary["evals"] if e["step"] == summary["best_step"]), {})
+    metrics["best_scores"] = {k: v for k, v in best_eval.items() if k != "step"}  # every metric at best.step
+    metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
+                                           config.eval.batch_size))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    share_students(out, config, metrics)
     return metrics
