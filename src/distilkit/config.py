@@ -34,17 +34,25 @@ class TaskConfig(StrictModel):
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
     metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
+    # a custom task's data: files (.tsv/.csv/.jsonl, or .parquet/.arrow/.json read by `datasets`) ...
     train_file: str | None = None
     dev_file: str | None = None
     test_file: str | None = None
+    # ... or a `datasets.load_dataset` source: a Hub id (online) or a local dataset folder, its config,
+    # and which of its splits are train, dev and test
+    dataset: str | None = None
+    dataset_config: str | None = None
+    splits: dict[Literal["train", "dev", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
 
     @model_validator(mode="after")
     def _custom_needs_files(self):
         if self.name == "custom":
             if not self.text_columns or not 1 <= len(self.text_columns) <= 2:
                 raise ValueError("a custom task needs text_columns: one or two column names")
-            if not self.train_file:
-                raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
+            if bool(self.train_file) == bool(self.dataset):
+                raise ValueError("a custom task reads either task.train_file (.tsv/.csv/.jsonl/.parquet/.arrow/"
+                                 ".json) or task.dataset (a Hub id or dataset folder): set one of them")
         elif self.name != "unlabeled":
             from distilkit.data.tasks import glue_task
 

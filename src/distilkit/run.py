@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distilkit.card import command_line, measure_against_teacher, model_origin, push_to_hub, write_card
+from distilkit.card import command_line, hub_id, measure_against_teacher, model_origin, push_to_hub, write_card
 from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
     resolve_data_dir
+from distilkit.data.sources import FILE_BUILDERS, read_data_file, read_dataset_split
 from distilkit.data.tasks import UNLABELED, TaskSpec, glue_task
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
@@ -53,9 +54,16 @@ def task_spec(config: ExperimentConfig) -> TaskSpec:
 def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example]:
     labeled = not split.startswith("test")
     if config.task.name == "custom":
-        file = {"train": config.task.train_file, "dev": config.task.dev_file, "test": config.task.test_file}.get(split)
+        t = config.task
+        if t.dataset:
+            if split not in t.splits:
+                raise DataError(f"custom task has no {split} split: set task.splits.{split}")
+            return read_dataset_split(task, t.dataset, t.dataset_config, t.splits[split], labeled)
+        file = {"train": t.train_file, "dev": t.dev_file, "test": t.test_file}.get(split)
         if not file:
             raise DataError(f"custom task has no {split} file: set task.{split}_file")
+        if Path(file).suffix.lower() in FILE_BUILDERS:
+            return read_data_file(task, Path(file), labeled)
         return read_table(task, Path(file), labeled)
     if config.data.source == "hub":
         return read_hub(task, split)
@@ -230,7 +238,7 @@ def student_metadata(run: BuiltRun) -> dict:
     return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": config.data.max_length, "method": config.method.name,
             "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
-            "teacher": config.teacher.model, "teacher_base_model": model_origin(config.teacher.model),
+            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.model, "teacher_base_model": model_origin(config.teacher.model),
             "base_model": model_origin(origin)}
 
 

@@ -136,7 +136,7 @@ def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example
         return examples
     if suffix == ".tsv":
         return read_tsv(task, path, labeled)
-    raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv or .jsonl")
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv, .jsonl, .parquet, .arrow or .json")
 
 
 def read_hub(task: TaskSpec, split: str) -> list[Example]:
