@@ -1,3 +1,17 @@
-"""distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept."""
+"""distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept.
+
+    from distilkit import distil
+    result = distil("configs/kd_sst2.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Distilled", "distil", "__version__"]
+
+
+def __getattr__(name: str):
+    """`distil` loads torch and transformers: only when asked for, so `import distilkit` stays instant."""
+    if name in ("distil", "Distilled"):
+        from distilkit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'distilkit' has no attribute {name!r}")
