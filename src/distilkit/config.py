@@ -165,6 +165,8 @@ class TrainConfig(StrictModel):
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
     log_every: int = Field(10, ge=1)
+    # where loss terms and eval metrics go besides log.jsonl (Accelerate trackers; see train/tracking.py)
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
     threads: int | None = Field(None, ge=1)
 
     @field_validator("mixed_precision")

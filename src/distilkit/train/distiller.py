@@ -3,7 +3,7 @@
 One step: take a batch (length-bucketed, dynamically padded), let the method transform it, fetch
 the teacher's features (cache or live), let the method compute its loss terms, step. Around it:
 gradient accumulation, warm-up + linear decay, bf16 autocast, evaluation keeping the best student,
-per-term logging to JSONL and TensorBoard, and checkpoints that resume exactly.
+per-term logging to JSONL and the trackers of train.report_to, and checkpoints that resume exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
 from distilkit.methods.base import Progress
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from distilkit.train.tracking import end_tracking, start_tracking, train_values
 
 
 class Stopwatch:
@@ -154,11 +155,8 @@ class Distiller:
             acc.print(f"resumed from {checkpoint} at step {state['step']}")
         wrapped, optimizer = acc.prepare(module, optimizer)
         log_file = open(self.out_dir / "log.jsonl", "a") if acc.is_main_process else None
-        writer = None
         if acc.is_main_process:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(str(self.out_dir / "tensorboard"), purge_step=state["step"] or None)
+            start_tracking(acc, self.cfg, self.out_dir, state["step"])
 
         eval_every = self.cfg.eval.every_steps
         checkpoint_every = cfg.checkpoint_every
@@ -209,9 +207,7 @@ class Distiller:
                     if log_file:
                         log_file.write(json.dumps(record) + "\n")
                         log_file.flush()
-                        for key, value in record.items():
-                            if key not in ("step", "epoch"):
-                                writer.add_scalar(f"train/{key}", value, step)
+                        acc.log(train_values(record), step=step)
                     progress_bar.set_postfix(loss=f"{record['loss']:.4f}")
                     running, running_count = {}, 0
                 if epoch_done:
@@ -220,7 +216,7 @@ class Distiller:
                 clock.pause()
                 state["train_seconds"] = clock.seconds
                 if step == n_total or (eval_every and step % eval_every == 0) or (not eval_every and epoch_done):
-                    self._evaluate_and_keep_best(state, writer, log_file)
+                    self._evaluate_and_keep_best(state, log_file)
                 if acc.is_main_process and (step == n_total or (checkpoint_every and step % checkpoint_every == 0)
                                             or (not checkpoint_every and epoch_done)):
                     save_checkpoint(self.out_dir, module, optimizer, scheduler, state, cfg.keep_checkpoints)
@@ -233,7 +229,7 @@ class Distiller:
         acc.wait_for_everyone()
         if log_file:
             log_file.close()
-            writer.close()
+            end_tracking(acc)
         known = self.train_data.num_examples
         epochs = (state["step"] / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation) if known
                   else state["epoch"])  # a streamed corpus: completed passes
@@ -243,7 +239,7 @@ class Distiller:
                 "best_score": state["best_score"], "best_step": state["best_step"], "evals": state["evals"],
                 "peak_rss_mb": round(peak_rss_mb(), 1)}
 
-    def _evaluate_and_keep_best(self, state: dict, writer, log_file) -> None:
+    def _evaluate_and_keep_best(self, state: dict, log_file) -> None:
         if not self.eval_data or not self.accelerator.is_main_process:
             return
         results = self.evaluate(state["step"], total_steps(self.train_data.num_examples, self.cfg.train))
@@ -253,9 +249,8 @@ class Distiller:
             log_file.write(json.dumps({"step": state["step"], "epoch": state["epoch"],
                                        "train_seconds": round(state["train_seconds"], 3), "eval": results}) + "\n")
             log_file.flush()
-            for split, metrics in results.items():
-                for name, value in metrics.items():
-                    writer.add_scalar(f"eval/{split}/{name}", value, state["step"])
+            self.accelerator.log({f"eval/{split}/{name}": value for split, metrics in results.items()
+                                  for name, value in metrics.items()}, step=state["step"])
         sign = -1 if self.task.main_metric in LOWER_IS_BETTER else 1
         if score is not None and (state["best_score"] is None or sign * score > sign * state["best_score"]):
             state["best_score"], state["best_step"] = score, state["step"]
