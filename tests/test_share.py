@@ -101,3 +101,12 @@ def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp
     config["train"]["max_steps"] = 2
     run_experiment(build_config(config))
     assert pushed == [(tmp_path / "run" / "best", "me/tiny-kd")]
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    from distilkit.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"distilkit {version('distilkit')}"

@@ -4,7 +4,9 @@
     result = distil("configs/kd_sst2.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("distilkit")  # pyproject.toml's, the one place it is written
 __all__ = ["Distilled", "distil", "__version__"]
 
 

@@ -14,6 +14,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
 console = Console(stderr=True)
 
+def _print_version(value: bool) -> None:
+    if value:
+        from distilkit import __version__
+
+        print(f"distilkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="print the version and exit")] = False) -> None:
+    pass  # options of `distilkit` itself, before the command
+
+
 ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (see configs/)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a field: section.field=value")]
 
