@@ -37,9 +37,10 @@ def _user_errors():
     from distilkit.data.readers import DataError
     from distilkit.models.hub import ModelNotFound
     from distilkit.run import RunError
+    from distilkit.train.distiller import LaunchError, NonFiniteLoss
 
-    return ConfigError, DataError, ModelNotFound, RunError, FileExistsError, FileNotFoundError, ValueError, \
-        TypeError
+    return ConfigError, DataError, ModelNotFound, RunError, LaunchError, NonFiniteLoss, FileExistsError, \
+        FileNotFoundError, ValueError, TypeError
 
 
 def _fail(err: Exception) -> None:
@@ -59,7 +60,10 @@ def _train(config_path: Path | None, overrides: list[str], force_method: str | N
         metrics = run_experiment(config)
     except _user_errors() as err:
         _fail(err)
-    print(json.dumps(metrics, indent=2))
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # under torchrun / accelerate launch: one result, from rank 0
+        print(json.dumps(metrics, indent=2))
 
 
 @app.command()

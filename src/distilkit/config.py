@@ -160,7 +160,9 @@ class TrainConfig(StrictModel):
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     grad_accumulation: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    mixed_precision: Literal["auto", "no", "bf16"] = Field("auto", validate_default=True)  # auto: bf16 if native
+    # auto: bf16 on a GPU that has it, fp16 (with loss scaling) on one that does not, bf16 on a CPU that
+    # computes it natively, else no (fp32). The resolved config records what ran.
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
@@ -169,12 +171,22 @@ class TrainConfig(StrictModel):
     report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
     threads: int | None = Field(None, ge=1)
 
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _no_as_false(cls, value):
+        """YAML reads a bare `no` as the boolean false."""
+        return "no" if value is False else value
+
     @field_validator("mixed_precision")
     @classmethod
     def _resolve_auto(cls, value: str) -> str:
-        """The resolved config says which dtype the run used."""
+        """The resolved config says which dtype the run used (on the device the run will use)."""
         if value != "auto":
             return value
+        import torch
+
+        if torch.cuda.is_available():
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         return "bf16" if cpu_has_native_bf16() else "no"
 
 

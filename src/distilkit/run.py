@@ -196,7 +196,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
 
     teacher = None
     if config.teacher.model:
-        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision)
+        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision,
+                          device=accelerator.device if accelerator is not None else "cpu")
     student = build_student(config.student, teacher.model if teacher else None, task)
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
@@ -291,7 +292,6 @@ def run_experiment(config: ExperimentConfig) -> dict:
     wall = time.perf_counter() - start
     if not accelerator.is_main_process:
         return summary
-    save(run.student, out / "final")
     final_eval = summary["evals"][-1] if summary["evals"] else {}
     metrics = {
         "task": run.task.name, "method": config.method.name, "student": config.student.preset or "custom",

@@ -9,20 +9,23 @@ from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.data.tasks import TaskSpec
 from distilkit.evaluate.metrics import compute_metrics
 from distilkit.models.features import FeatureRequest
+from distilkit.precision import autocast, module_device, to_device
 
 
 @torch.inference_mode()
 def predict_logits(student, dataset: TokenizedDataset, batch_size: int = 128,
                    mixed_precision: str = "no") -> np.ndarray:
-    """Logits in dataset order; batches are length-sorted so padding costs little."""
+    """Logits in dataset order, computed on the student's device; batches are length-sorted so padding costs
+    little."""
     was_training = student.training
     student.eval()
+    device = module_device(student)
     out = None
     sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, seed=0, shuffle=False)
     for indices in sampler:
-        batch = dataset.collate([dataset[i] for i in indices])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision == "bf16"):
-            logits = student.features(batch, FeatureRequest(logits=True)).logits.float().numpy()
+        batch = to_device(dataset.collate([dataset[i] for i in indices]), device)
+        with autocast(device, mixed_precision):
+            logits = student.features(batch, FeatureRequest(logits=True)).logits.float().cpu().numpy()
         if out is None:
             out = np.zeros((len(dataset), logits.shape[-1]), dtype=np.float32)
         out[indices] = logits
@@ -42,18 +45,23 @@ def evaluate_splits(student, datasets: dict[str, TokenizedDataset], task: TaskSp
 
 
 @torch.inference_mode()
-def heldout_loss(student, method, teacher_source, dataset, batch_size: int, progress) -> float:
+def heldout_loss(student, method, teacher_source, dataset, batch_size: int, progress,
+                 mixed_precision: str = "no") -> float:
     """The method's total distillation loss on held-out unlabeled text, averaged over examples.
 
     How well the student imitates the teacher where it never trained (SRA Table 4's column): the
-    score of a task-agnostic stage. Uses `method.loss_terms` (not the training-step twist).
+    score of a task-agnostic stage. Uses `method.loss_terms` (not the training-step twist), on the student's
+    device and in the training's precision.
     """
     was_training = student.training
     student.eval()
+    device = module_device(student)
     total, count = 0.0, 0
     for batch, _, _ in dataset.batches(batch_size, seed=0, epoch=0, position=None):
-        terms = method.loss_terms(batch, student.features(batch, method.student_request()), teacher_source(batch),
-                                  progress)
+        batch = to_device(batch, device)
+        teacher = to_device(teacher_source(batch), device)
+        with autocast(device, mixed_precision):
+            terms = method.loss_terms(batch, student.features(batch, method.student_request()), teacher, progress)
         size = int(batch["input_ids"].shape[0])
         total += float(sum(terms.values())) * size
         count += size

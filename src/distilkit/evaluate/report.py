@@ -161,7 +161,7 @@ def provenance(records: list[dict]) -> list[str]:
         env = record["environment"]
         vector = f" ({env['cpu_capability']}, native bf16: {'yes' if env['native_bf16'] else 'no'})" \
             if "cpu_capability" in env else ""
-        dtype = {"bf16": "bf16 autocast", "no": "fp32"}[record["config"]["train"]["mixed_precision"]]
+        dtype = {"bf16": "bf16 autocast", "fp16": "fp16 autocast", "no": "fp32"}[record["config"]["train"]["mixed_precision"]]
         return (f"{env['cpu']}{vector}, {env['cores']} cores; torch {env['torch']}, transformers "
                 f"{env['transformers']}. Training dtype: {dtype}.")
 

@@ -1,4 +1,4 @@
-"""Measured CPU speed and counted size.
+"""Measured speed and counted size (on the CPU, or on the device the model is on).
 
 Latency is per sentence at batch 1 (p50/p95 over repeats, after warm-up), with 1 thread and with
 all threads; throughput is sentences/s at batch 32 over the dev sentences in dataset order
@@ -85,12 +85,15 @@ Runner = Callable[[int], Callable[[dict], object]]
 
 
 def pytorch_runner(model, bf16: bool = False) -> Runner:
-    """A student's (or teacher's) plain logits forward, optionally under bf16 autocast."""
+    """A student's (or teacher's) plain logits forward on the model's device, optionally under bf16 autocast."""
     from distilkit.models.features import FeatureRequest
+    from distilkit.precision import autocast, module_device, to_device
+
+    device = module_device(model)
 
     def forward(batch):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return model.features(batch, FeatureRequest(logits=True)).logits
+        with autocast(device, "bf16" if bf16 else "no"):
+            return model.features(to_device(batch, device), FeatureRequest(logits=True)).logits
     return lambda threads: forward
 
 

@@ -8,6 +8,9 @@ need more than "features in, losses out" override one of two hooks:
 - `training_step`: wraps the step (LRC-BERT's gradient perturbation runs the student twice);
 - `prepare_batch`: transforms the inputs before anything runs (soft inputs, references).
 
+State that is not trained by the optimizer (CoDIR's memory bank) changes only in
+`after_optimizer_step`, which the training loop alone calls: scoring a held-out loss changes nothing.
+
 The training loop knows only this interface; it never names a method.
 """
 
@@ -84,6 +87,10 @@ class Method(nn.Module):
 
     def prepare_batch(self, batch: dict, teacher) -> dict:
         return batch
+
+    def after_optimizer_step(self, progress: Progress) -> None:
+        """Called by the training loop (never by evaluation) after optimizer step `progress.step`: where a method
+        updates state the optimizer does not train (a memory bank), from what its `training_step` recorded."""
 
     def uses_labels(self) -> bool:
         """True when the loss needs gold labels (so it cannot train on unlabeled or teacher-labelled data)."""

@@ -124,7 +124,8 @@ class LRC(Method):
         if not self.params.perturbation:
             return self.loss_terms(batch, student_model.features(batch, request), teacher, progress)
         # ∇ w.r.t. the embedding output = ∇ w.r.t. a zero shift added to it
-        shift = torch.zeros(*batch["input_ids"].shape, student_model.width, requires_grad=True)
+        shift = torch.zeros(*batch["input_ids"].shape, student_model.width, device=batch["input_ids"].device,
+                            requires_grad=True)
         terms = self.loss_terms(batch, student_model.features(batch, request, embedding_delta=shift), teacher,
                                 progress)
         (gradient,) = torch.autograd.grad(sum(terms.values()), shift)

@@ -11,19 +11,20 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import resolve_model
+from distilkit.precision import autocast, module_device, to_device
 
 
 class Teacher:
     """Wraps a frozen model; counts forward passes so a cache hit can be shown to cost none."""
 
     def __init__(self, name_or_path: str, task: TaskSpec | None = None, trust_remote_code: bool = False,
-                 mixed_precision: str = "no"):
+                 mixed_precision: str = "no", device: torch.device | str = "cpu"):
         self.name = name_or_path
         self.path = resolve_model(name_or_path)
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
-        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval()
+        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
         self.model.requires_grad_(False)
         if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
@@ -52,18 +53,22 @@ class Teacher:
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
         self.forward_passes += 1
         self.examples_seen += int(batch["input_ids"].shape[0])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mixed_precision == "bf16"):
+        device = module_device(self.model)
+        batch = to_device(batch, device)
+        if inputs_embeds is not None:
+            inputs_embeds = inputs_embeds.to(device)
+        with autocast(device, self.mixed_precision):
             features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds)
         return _to_float(features)
 
     def fingerprint(self) -> str:
-        """Identifies the weights and config exactly; part of every teacher-cache key."""
+        """Identifies the weights and config exactly; part of every teacher-cache key (not the device)."""
         if self._fingerprint is None:
             digest = hashlib.sha256(json.dumps(self.model.config.to_diff_dict(), sort_keys=True,
                                                default=str).encode())
             for key, tensor in sorted(self.model.state_dict().items()):
                 digest.update(key.encode())
-                digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+                digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             digest.update(self.mixed_precision.encode())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint

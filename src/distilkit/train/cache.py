@@ -22,6 +22,7 @@ import torch
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.models.features import Features, FeatureRequest
+from distilkit.precision import to_device
 
 
 def _feature_keys(request: FeatureRequest) -> list[str]:
@@ -77,7 +78,7 @@ class TeacherCache:
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
         for indices in sampler:
             batch = self.dataset.collate([self.dataset[i] for i in indices])
-            features = self.teacher.features(batch, request_missing)
+            features = to_device(self.teacher.features(batch, request_missing), torch.device("cpu"))
             for row, index in enumerate(indices):
                 length = int(self.dataset.lengths[index])
                 for key in missing:
@@ -117,7 +118,7 @@ class TeacherCache:
         start = time.perf_counter()
         for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
             batch = self.dataset.collate([self.dataset[i] for i in indices])
-            derived = {part: value.numpy() for part, value in derive(batch, self.teacher.features(batch, request)).items()}
+            derived = {part: value.cpu().numpy() for part, value in derive(batch, self.teacher.features(batch, request)).items()}
             for part, value in derived.items():
                 if part not in arrays:
                     arrays[part] = np.lib.format.open_memmap(

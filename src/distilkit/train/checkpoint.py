@@ -1,10 +1,12 @@
 """Checkpoints that resume a run exactly, written so a crash never leaves one that looks valid.
 
 A checkpoint is a folder `checkpoints/step-N/` holding the trainable weights (student and method
-modules) as safetensors, the optimizer state (loaded with weights_only=True), and a JSON state:
-step, epoch, position in the epoch, best score, LR-scheduler and RNG states. It is written under a
-temporary name and renamed when complete; `checkpoints/latest` (replaced atomically) names the
-newest one. No pickle is ever loaded.
+modules, as `accelerator.get_state_dict` gives them: whole even when FSDP or DeepSpeed shard them)
+as safetensors, the optimizer state (loaded with weights_only=True), and a JSON state: step, epoch,
+position in the epoch, best score, LR-scheduler, loss-scaler (fp16) and RNG states, the RNG states
+of every process (rank 0's in `rng.safetensors`, rank r's in `rng-r.safetensors`). It is written
+under a temporary name and renamed when complete; `checkpoints/latest` (replaced atomically) names
+the newest one. No pickle is ever loaded.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
     state = {"python": [py_version, list(py_state), py_gauss],
              "numpy": [np_name, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_cached)]}
-    return state, {"torch_cpu": torch.get_rng_state()}
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["torch_cuda"] = torch.cuda.get_rng_state()  # this process's own device
+    return state, tensors
 
 
 def set_rng_state(state: dict, tensors: dict[str, torch.Tensor]) -> None:
@@ -42,10 +47,13 @@ def set_rng_state(state: dict, tensors: dict[str, torch.Tensor]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(tensors["torch_cpu"])
+    if "torch_cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["torch_cuda"])
 
 
-def save_checkpoint(directory: Path, trainable: torch.nn.Module, optimizer, scheduler, state: dict,
-                    keep: int = 1) -> Path:
+def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer, scheduler, state: dict,
+                    keep: int = 1, rng_states: list[tuple[dict, dict]] | None = None, scaler=None) -> Path:
+    """`rng_states`: each process's `rng_state()` in rank order (default: this process's alone)."""
     root = Path(directory) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{state['step']:08d}"
@@ -53,12 +61,17 @@ def save_checkpoint(directory: Path, trainable: torch.nn.Module, optimizer, sche
     tmp = root / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    weights = {k: v.detach().contiguous().clone() for k, v in trainable.state_dict().items()}
-    save_file(weights, tmp / "trainable.safetensors")
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, tmp / "trainable.safetensors")
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng, rng_tensors = rng_state()
-    save_file(rng_tensors, tmp / "rng.safetensors")
-    full_state = {**state, "scheduler": scheduler.state_dict(), "rng": rng}
+    rng_states = rng_states or [rng_state()]
+    for rank, (_, rng_tensors) in enumerate(rng_states):
+        save_file({k: v.cpu() for k, v in rng_tensors.items()},
+                  tmp / ("rng.safetensors" if rank == 0 else f"rng-{rank}.safetensors"))
+    full_state = {**state, "scheduler": scheduler.state_dict(), "rng": rng_states[0][0]}
+    if len(rng_states) > 1:
+        full_state["rng_other_ranks"] = [rng for rng, _ in rng_states[1:]]
+    if scaler is not None:
+        full_state["scaler"] = scaler.state_dict()
     (tmp / "state.json").write_text(json.dumps(full_state))
     for path in tmp.iterdir():
         with open(path, "rb+") as f:
@@ -80,10 +93,19 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return path if (path / "state.json").is_file() else None
 
 
-def load_checkpoint(path: Path, trainable: torch.nn.Module, optimizer, scheduler) -> dict:
+def load_checkpoint(path: Path, trainable: torch.nn.Module, optimizer, scheduler, rank: int = 0,
+                    scaler=None) -> dict:
+    """Restores weights, optimizer, scheduler, loss scaler and process `rank`'s RNG; returns the loop's state."""
     trainable.load_state_dict(load_file(path / "trainable.safetensors"))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     state = json.loads((path / "state.json").read_text())
     scheduler.load_state_dict(state.pop("scheduler"))
-    set_rng_state(state.pop("rng"), load_file(path / "rng.safetensors"))
+    rng, others = state.pop("rng"), state.pop("rng_other_ranks", [])
+    if 0 < rank <= len(others):  # else (a run resumed with more processes) rank 0's
+        set_rng_state(others[rank - 1], load_file(path / f"rng-{rank}.safetensors"))
+    else:
+        set_rng_state(rng, load_file(path / "rng.safetensors"))
+    scaler_state = state.pop("scaler", None)
+    if scaler is not None and scaler_state is not None:
+        scaler.load_state_dict(scaler_state)
     return state

@@ -1,23 +1,29 @@
 """The training loop, on 🤗 Accelerate. It knows the `Method` interface and nothing of any method.
 
-One step: take a batch (length-bucketed, dynamically padded), let the method transform it, fetch
-the teacher's features (cache or live), let the method compute its loss terms, step. Around it:
-gradient accumulation, warm-up + linear decay, bf16 autocast, evaluation keeping the best student,
-per-term logging to JSONL and the trackers of train.report_to, and checkpoints that resume exactly.
+One step: take a global batch (length-bucketed, dynamically padded), keep this process's share, let
+the method transform it, move it to the device, fetch the teacher's features (cache or live), let
+the method compute its loss terms, step, then let the method update its own state. Around it:
+gradient accumulation, warm-up + linear decay, mixed precision, evaluation keeping the best student,
+per-term logging to JSONL and the trackers of train.report_to, checkpoints that resume exactly, and a
+stop at the first loss that is not finite. The same code runs on a CPU, a GPU and several processes (`torchrun`,
+`accelerate launch`); only the main process logs, evaluates and saves.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import math
+import os
 import resource
+import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.utils import gather_object
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
@@ -25,9 +31,37 @@ from transformers import get_linear_schedule_with_warmup
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
 from distilkit.methods.base import Progress
-from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from distilkit.precision import to_device
+from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from distilkit.train.tracking import end_tracking, start_tracking, train_values
 
+
+class NonFiniteLoss(RuntimeError):
+    """A loss (or gradient) became NaN or infinite: the run stops before the optimizer applies it."""
+
+
+class LaunchError(RuntimeError):
+    """The processes were started in a way that cannot train as asked."""
+
+
+@dataclass
+class TrainState:
+    """Where the run stands. Saved as is in every checkpoint's state.json."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    position: object = None  # where in the epoch the data source stands (opaque to the loop; None = epoch start)
+    best_score: float | None = None
+    best_step: int | None = None
+    train_seconds: float = 0.0  # training only: evaluation and checkpoints excluded
+    examples: int = 0
+    evals: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict) -> TrainState:
+        if "batch_in_epoch" in saved:  # checkpoints written before data sources had positions
+            saved["position"] = saved.pop("batch_in_epoch") or None
+        return cls(**saved)
 
 class Stopwatch:
     def __init__(self, seconds: float = 0.0):
@@ -79,10 +113,25 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_accelerator(mixed_precision: str) -> Accelerator:
-    """CPU Accelerator. Under multi-process training DDP must tolerate parameters a step leaves unused:
-    methods with stages use some parts (e.g. the classifier) in some steps only."""
-    return Accelerator(cpu=True, mixed_precision=mixed_precision,
+    """The run's Accelerator: on the GPU (or other accelerator) when the machine has one, else on the CPU, where
+    several processes talk through gloo. Accelerate needs `cpu=True` to see a CPU-only `torchrun` launch as
+    multi-process. DDP must tolerate parameters a step leaves unused: methods with stages use some parts (e.g.
+    the classifier) in some steps only."""
+    check_launch()
+    return Accelerator(cpu=not torch.accelerator.is_available(), mixed_precision=mixed_precision,
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+
+
+def check_launch() -> None:
+    """`accelerate launch --cpu --num_processes N` starts a single process (accelerate starts several CPU
+    processes only through mpirun, with --mpirun_hostfile), which would then train alone: refuse it."""
+    env = os.environ
+    if (env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true") and "MASTER_ADDR" in env
+            and not any(k in env for k in ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"))):
+        raise LaunchError("accelerate launch --cpu started one process, not the --num_processes asked for (it starts "
+                          "several CPU processes only through mpirun): use `accelerate launch --multi_gpu "
+                          "--num_processes N -m distilkit ...` (on a machine without GPUs it starts N CPU "
+                          "processes) or `torchrun --nproc_per_node N -m distilkit ...`")
 
 
 def peak_rss_mb() -> float:
@@ -95,6 +144,61 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+
+class TrainLog:
+    """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, the trackers of
+    train.report_to (train/tracking.py) and the progress bar; written by the main process only."""
+
+    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config):
+        self.total, self.log_every = total, log_every
+        main = accelerator.is_main_process
+        self.accelerator = accelerator
+        self.file = open(out_dir / "log.jsonl", "a") if main else None
+        if main:
+            start_tracking(accelerator, config, out_dir, start_step)
+        self.bar = tqdm(total=total, initial=start_step, desc="train", disable=not main, dynamic_ncols=True,
+                        mininterval=0.5 if sys.stderr.isatty() else 30)
+        self.running: dict[str, float] = {}
+        self.count = 0
+
+    def step(self, state: TrainState, terms: dict[str, float], lr: float) -> None:
+        self.bar.update(1)
+        for name, value in terms.items():
+            self.running[name] = self.running.get(name, 0.0) + value
+        self.count += 1
+        if state.step % self.log_every and state.step != self.total:
+            return
+        record = {"step": state.step, "epoch": state.epoch, "lr": lr, "loss": sum(self.running.values()) / self.count,
+                  **{f"loss/{k}": v / self.count for k, v in self.running.items()}}
+        self._write(record, train_values(record), state.step)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}")
+        self.running, self.count = {}, 0
+
+    def evaluation(self, state: TrainState, results: dict) -> None:
+        record = {"step": state.step, "epoch": state.epoch, "train_seconds": round(state.train_seconds, 3),
+                  "eval": results}
+        self._write(record, {f"eval/{split}/{name}": value for split, metrics in results.items()
+                             for name, value in metrics.items()}, state.step)
+
+    def _write(self, record: dict, scalars: dict[str, float], step: int) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self.accelerator.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.file is not None:
+            self.file.close()
+            end_tracking(self.accelerator)
+
+
+def due(every: int | None, step: int, last: bool, epoch_done: bool) -> bool:
+    """Evaluations and checkpoints: at the last step, and every `every` steps (at each epoch's end when unset)."""
+    return last or (step % every == 0 if every else epoch_done)
 
 
 class Distiller:
@@ -111,6 +215,62 @@ class Distiller:
         self.save_student = save_student  # (student, directory) -> None
         self.accelerator = accelerator or make_accelerator(config.train.mixed_precision)
 
+    def train(self) -> dict:
+        """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
+        cfg, acc = self.cfg.train, self.accelerator
+        torch.manual_seed(cfg.seed)
+        module = TrainModule(self.student, self.method)
+        optimizer = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
+        n_total = total_steps(self.train_data.num_examples, cfg)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
+        state = self._resume(module, optimizer, scheduler)
+        wrapped, optimizer = acc.prepare(module, optimizer)
+        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg)
+        clock = Stopwatch(state.train_seconds)
+        module.train()
+        try:
+            while state.step < n_total:
+                for group, position, epoch_done in self._step_batches(state):
+                    terms = self._optimizer_step(wrapped, optimizer, scheduler, group, Progress(state.step, n_total))
+                    self.method.after_optimizer_step(Progress(state.step, n_total))
+                    state.step += 1
+                    state.position = position
+                    state.examples += sum(int(batch["input_ids"].shape[0]) for batch in group)
+                    log.step(state, terms, scheduler.get_last_lr()[0])
+                    if epoch_done:
+                        state.epoch, state.position = state.epoch + 1, None
+                    clock.pause()
+                    state.train_seconds = clock.seconds
+                    last = state.step == n_total
+                    if due(self.cfg.eval.every_steps, state.step, last, epoch_done):
+                        self._evaluate_and_keep_best(wrapped, state, log)
+                    if due(cfg.checkpoint_every, state.step, last, epoch_done):
+                        self._checkpoint(wrapped, optimizer, scheduler, state)
+                    clock.resume()
+                    if last or epoch_done:
+                        break
+        finally:
+            log.close()
+        clock.pause()
+        state.train_seconds = clock.seconds
+        self._save_student(wrapped, self.out_dir / "final")
+        acc.wait_for_everyone()
+        return self._summary(state)
+
+    # the pieces of a step -------------------------------------------------------------------------
+
+    def _step_batches(self, state: TrainState):
+        """The global batches of each optimizer step (grad_accumulation of them, fewer at an epoch's end), with
+        the data position after them and whether they end the epoch."""
+        cfg = self.cfg.train
+        group: list[dict] = []
+        for batch, position, epoch_done in self.train_data.batches(cfg.batch_size, cfg.seed, state.epoch,
+                                                                   state.position):
+            group.append(batch)
+            if len(group) == cfg.grad_accumulation or epoch_done:
+                yield group, position, epoch_done
+                group = []
+
     def _split(self, batch: dict) -> dict:
         """This process's share of the global batch (multi-process data parallelism)."""
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -120,14 +280,50 @@ class Distiller:
         per = math.ceil(size / world)
         return {k: v[rank * per: (rank + 1) * per] for k, v in batch.items()}
 
+    def _optimizer_step(self, wrapped, optimizer, scheduler, group: list[dict], progress: Progress) -> dict[str, float]:
+        """One optimizer step over the global batches of `group`; returns their loss terms (mean over batches and
+        processes). Stops with NonFiniteLoss before the optimizer would apply a NaN or infinite loss or gradient."""
+        acc, cfg = self.accelerator, self.cfg.train
+        terms_sum: dict[str, float] = {}
+        for k, full_batch in enumerate(group):
+            batch = self.method.prepare_batch(self._split(full_batch), self.teacher_source.teacher)
+            batch = to_device(batch, acc.device)
+            teacher_features = to_device(self.teacher_source(batch), acc.device)
+            sync = k == len(group) - 1
+            with (nullcontext() if sync else acc.no_sync(wrapped)), acc.autocast():
+                terms = wrapped(batch, teacher_features, progress)
+                loss = sum(terms.values()) / len(group)
+            values = acc.reduce(torch.stack([v.detach().float() for v in terms.values()]), "mean").tolist()
+            for name, value in zip(terms, values):
+                if not math.isfinite(value):
+                    raise NonFiniteLoss(
+                        f"step {progress.step + 1}: loss term {name!r} is {value}; training stopped before applying "
+                        "it (the last checkpoint and best/ are kept): lower train.learning_rate or set "
+                        "train.max_grad_norm")
+                terms_sum[name] = terms_sum.get(name, 0.0) + value / len(group)
+            acc.backward(loss)
+        if cfg.max_grad_norm:
+            norm = float(acc.clip_grad_norm_(wrapped.parameters(), cfg.max_grad_norm))
+            if not math.isfinite(norm) and acc.scaler is None:  # fp16's loss scaling skips such steps itself
+                raise NonFiniteLoss(f"step {progress.step + 1}: the gradient norm is {norm}; training stopped before "
+                                    "applying it (the last checkpoint and best/ are kept): lower "
+                                    "train.learning_rate")
+        optimizer.step()
+        if not optimizer.step_was_skipped:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return terms_sum
+
+    # evaluation, checkpoints, saving --------------------------------------------------------------
+
     def evaluate(self, step: int = 0, total: int = 1) -> dict:
+        precision = self.cfg.train.mixed_precision
         if self.task.unlabeled:  # no labels: the distillation loss on held-out text is the score
             progress = Progress(min(step, total - 1), total)
             return {split: {"heldout_loss": heldout_loss(self.student, self.method, self.teacher_source, data,
-                                                         self.cfg.eval.batch_size, progress)}
+                                                         self.cfg.eval.batch_size, progress, precision)}
                     for split, data in self.eval_data.items()}
-        return evaluate_splits(self.student, self.eval_data, self.task, self.cfg.eval.batch_size,
-                               self.cfg.train.mixed_precision)
+        return evaluate_splits(self.student, self.eval_data, self.task, self.cfg.eval.batch_size, precision)
 
     def _score(self, results: dict) -> float | None:
         if not results:
@@ -135,123 +331,62 @@ class Distiller:
         first = next(iter(results.values()))
         return first[self.task.main_metric]
 
-    def train(self) -> dict:
-        cfg, acc = self.cfg.train, self.accelerator
-        torch.manual_seed(cfg.seed)
-        module = TrainModule(self.student, self.method)
-        optimizer = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
-        n_total = total_steps(self.train_data.num_examples, cfg)
-        scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
-
-        # position: where in the epoch the data source stands (opaque to the loop; None = epoch start)
-        state = {"step": 0, "epoch": 0, "position": None, "best_score": None, "best_step": None,
-                 "train_seconds": 0.0, "examples": 0, "evals": []}
-        checkpoint = latest_checkpoint(self.out_dir)
-        if checkpoint is not None:
-            loaded = load_checkpoint(checkpoint, module, optimizer, scheduler)
-            if "batch_in_epoch" in loaded:  # checkpoints written before data sources had positions
-                loaded["position"] = loaded.pop("batch_in_epoch") or None
-            state.update(loaded)
-            acc.print(f"resumed from {checkpoint} at step {state['step']}")
-        wrapped, optimizer = acc.prepare(module, optimizer)
-        log_file = open(self.out_dir / "log.jsonl", "a") if acc.is_main_process else None
-        if acc.is_main_process:
-            start_tracking(acc, self.cfg, self.out_dir, state["step"])
-
-        eval_every = self.cfg.eval.every_steps
-        checkpoint_every = cfg.checkpoint_every
-        progress_bar = tqdm(total=n_total, initial=state["step"], desc="train", disable=not acc.is_main_process,
-                            dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30)
-        running: dict[str, float] = {}
-        running_count = 0
-        clock = Stopwatch(state["train_seconds"])  # training time only: evaluation and checkpoints excluded
-        module.train()
-        while state["step"] < n_total:
-            group: list[dict] = []
-            for batch, position, epoch_done in self.train_data.batches(cfg.batch_size, cfg.seed, state["epoch"],
-                                                                       state["position"]):
-                group.append(batch)
-                if len(group) < cfg.grad_accumulation and not epoch_done:
-                    continue
-                progress = Progress(state["step"], n_total)
-                terms_sum: dict[str, float] = {}
-                for k, full_batch in enumerate(group):
-                    batch = self._split(full_batch)
-                    batch = self.method.prepare_batch(batch, self.teacher_source.teacher)
-                    teacher_features = self.teacher_source(batch)
-                    sync = k == len(group) - 1
-                    with (nullcontext() if sync else acc.no_sync(wrapped)), acc.autocast():
-                        terms = wrapped(batch, teacher_features, progress)
-                        loss = sum(terms.values()) / len(group)
-                    acc.backward(loss)
-                    for name, value in terms.items():
-                        terms_sum[name] = terms_sum.get(name, 0.0) + float(value.detach()) / len(group)
-                    state["examples"] += int(full_batch["input_ids"].shape[0])
-                if cfg.max_grad_norm:
-                    acc.clip_grad_norm_(module.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                group = []
-                state["step"] += 1
-                state["position"] = position
-                progress_bar.update(1)
-                for name, value in terms_sum.items():
-                    running[name] = running.get(name, 0.0) + value
-                running_count += 1
-                step = state["step"]
-                if step % cfg.log_every == 0 or step == n_total:
-                    record = {"step": step, "epoch": state["epoch"], "lr": scheduler.get_last_lr()[0],
-                              "loss": sum(running.values()) / running_count,
-                              **{f"loss/{k}": v / running_count for k, v in running.items()}}
-                    if log_file:
-                        log_file.write(json.dumps(record) + "\n")
-                        log_file.flush()
-                        acc.log(train_values(record), step=step)
-                    progress_bar.set_postfix(loss=f"{record['loss']:.4f}")
-                    running, running_count = {}, 0
-                if epoch_done:
-                    state["epoch"] += 1
-                    state["position"] = None
-                clock.pause()
-                state["train_seconds"] = clock.seconds
-                if step == n_total or (eval_every and step % eval_every == 0) or (not eval_every and epoch_done):
-                    self._evaluate_and_keep_best(state, log_file)
-                if acc.is_main_process and (step == n_total or (checkpoint_every and step % checkpoint_every == 0)
-                                            or (not checkpoint_every and epoch_done)):
-                    save_checkpoint(self.out_dir, module, optimizer, scheduler, state, cfg.keep_checkpoints)
-                clock.resume()
-                if step == n_total or epoch_done:
-                    break
-        clock.pause()
-        state["train_seconds"] = clock.seconds
-        progress_bar.close()
-        acc.wait_for_everyone()
-        if log_file:
-            log_file.close()
-            end_tracking(acc)
-        known = self.train_data.num_examples
-        epochs = (state["step"] / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation) if known
-                  else state["epoch"])  # a streamed corpus: completed passes
-        return {"steps": state["step"], "epochs": round(epochs, 3),
-                "train_seconds": round(state["train_seconds"], 2), "train_examples": state["examples"],
-                "examples_per_second": round(state["examples"] / max(state["train_seconds"], 1e-9), 2),
-                "best_score": state["best_score"], "best_step": state["best_step"], "evals": state["evals"],
-                "peak_rss_mb": round(peak_rss_mb(), 1)}
-
-    def _evaluate_and_keep_best(self, state: dict, log_file) -> None:
+    def _evaluate_and_keep_best(self, wrapped, state: TrainState, log: TrainLog) -> None:
         if not self.eval_data or not self.accelerator.is_main_process:
             return
-        results = self.evaluate(state["step"], total_steps(self.train_data.num_examples, self.cfg.train))
+        results = self.evaluate(state.step, total_steps(self.train_data.num_examples, self.cfg.train))
         score = self._score(results)
-        state["evals"].append({"step": state["step"], **results})
-        if log_file:
-            log_file.write(json.dumps({"step": state["step"], "epoch": state["epoch"],
-                                       "train_seconds": round(state["train_seconds"], 3), "eval": results}) + "\n")
-            log_file.flush()
-            self.accelerator.log({f"eval/{split}/{name}": value for split, metrics in results.items()
-                                  for name, value in metrics.items()}, step=state["step"])
+        state.evals.append({"step": state.step, **results})
+        log.evaluation(state, results)
         sign = -1 if self.task.main_metric in LOWER_IS_BETTER else 1
-        if score is not None and (state["best_score"] is None or sign * score > sign * state["best_score"]):
-            state["best_score"], state["best_step"] = score, state["step"]
-            self.save_student(self.student, self.out_dir / "best")
+        if score is not None and (state.best_score is None or sign * score > sign * state.best_score):
+            state.best_score, state.best_step = score, state.step
+            self._save_student(wrapped, self.out_dir / "best")
+
+    def _save_student(self, wrapped, directory: Path) -> None:
+        """The student as the unwrapped model holds it (main process only)."""
+        if not self.accelerator.is_main_process:
+            return
+        student = self.accelerator.unwrap_model(wrapped).student
+        _check_finite(student.state_dict(), f"the student's weights for {directory.name}/")
+        self.save_student(student, directory)
+
+    def _checkpoint(self, wrapped, optimizer, scheduler, state: TrainState) -> None:
+        """Every process takes part (Accelerate gathers sharded weights and each process's RNG state); the main
+        process writes."""
+        acc = self.accelerator
+        weights = acc.get_state_dict(wrapped)
+        rng_states = gather_object([rng_state()]) if acc.num_processes > 1 else [rng_state()]
+        if acc.is_main_process:
+            _check_finite(weights, f"the weights of step {state.step}")
+            save_checkpoint(self.out_dir, weights, optimizer, scheduler, asdict(state),
+                            self.cfg.train.keep_checkpoints, rng_states=rng_states, scaler=acc.scaler)
+
+    def _resume(self, module, optimizer, scheduler) -> TrainState:
+        checkpoint = latest_checkpoint(self.out_dir)
+        if checkpoint is None:
+            return TrainState()
+        acc = self.accelerator
+        saved = load_checkpoint(checkpoint, module, optimizer, scheduler, rank=acc.process_index, scaler=acc.scaler)
+        state = TrainState.from_checkpoint(saved)
+        if acc.is_main_process:  # stderr: stdout carries the result JSON alone
+            print(f"resumed from {checkpoint} at step {state.step}", file=sys.stderr)
+        return state
+
+    def _summary(self, state: TrainState) -> dict:
+        cfg = self.cfg.train
+        known = self.train_data.num_examples
+        epochs = (state.step / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation) if known
+                  else state.epoch)  # a streamed corpus: completed passes
+        return {"steps": state.step, "epochs": round(epochs, 3), "train_seconds": round(state.train_seconds, 2),
+                "train_examples": state.examples,
+                "examples_per_second": round(state.examples / max(state.train_seconds, 1e-9), 2),
+                "best_score": state.best_score, "best_step": state.best_step, "evals": state.evals,
+                "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def _check_finite(weights: dict[str, torch.Tensor], what: str) -> None:
+    """Nothing NaN is ever saved."""
+    bad = [name for name, value in weights.items() if value.is_floating_point() and not torch.isfinite(value).all()]
+    if bad:
+        raise NonFiniteLoss(f"{what} are not finite ({bad[0]}); nothing was saved: lower train.learning_rate")
