@@ -99,3 +99,20 @@ def test_hub_dataset_with_config_split_and_column_mapping(monkeypatch):
                            "teacher": {"model": "x"}})
     with pytest.raises(DataError, match=r"someone/reviews\[validation\]: Unknown split"):
         read_split(config, task_spec(config), "dev")
+
+
+def test_glue_from_the_hub_maps_labels_by_name(monkeypatch):
+    """The hub orders MNLI entailment, neutral, contradiction; distilkit's ids follow the tsv files."""
+    from distilkit.data.readers import read_hub
+    from distilkit.data.tasks import glue_task
+
+    hub_names = ["entailment", "neutral", "contradiction"]
+    rows = Dataset.from_dict({"premise": ["a", "b", "c"], "hypothesis": ["x", "y", "z"], "label": [0, 1, 2],
+                              "idx": [0, 1, 2]},
+                             features=Features({"premise": Value("string"), "hypothesis": Value("string"),
+                                                "label": ClassLabel(names=hub_names), "idx": Value("int32")}))
+    monkeypatch.setattr("datasets.load_dataset", lambda *args, split=None: rows)
+    mnli = glue_task("mnli")
+    examples = read_hub(mnli, "dev_matched")
+    assert [mnli.label_names[e.label] for e in examples] == hub_names
+    assert examples[0].texts == ("a", "x")

@@ -118,7 +118,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         pipeline_tag="text-classification" if classifier else ("feature-extraction" if task == "unlabeled" else None),
         tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
         metrics=sorted({m for split in scores.values() for m in split}) or None,
-        eval_results=_eval_results(task, scores, dataset, task if glue else None) if scores else None,
+        # the Hub's model-index holds task results; a held-out distillation loss is no such result
+        eval_results=_eval_results(task, scores, dataset, task if glue else None) if classifier and scores else None,
         distillation={"method": method, "paper": paper, "teacher": teacher,
                       "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model")},
     )
