@@ -239,8 +239,8 @@ def student_metadata(run: BuiltRun) -> dict:
     return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": config.data.max_length, "method": config.method.name,
             "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
-            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.model, "teacher_base_model": model_origin(config.teacher.model),
-            "base_model": model_origin(origin)}
+            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.model,
+            "teacher_base_model": model_origin(config.teacher.model), "base_model": model_origin(origin)}
 
 
 def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
