@@ -125,11 +125,12 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
                       "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model")},
     )
     lines = [f"# {data.model_name}", "",
-             f"A student distilled with [distilkit](https://pypi.org/project/distilkit/) by **{method}**"
-             + (f" ({paper.rstrip('.')})" if paper else "") + ".", "",
+             ("Fine-tuned on labels only" if method == "finetune" else f"Distilled by **{method}**"
+              + (f" ({paper.rstrip('.')})" if paper else "")) + " with distilkit.", "",
              "## Provenance", "",
-             f"- teacher: `{teacher}`" + (f" (Hub: `{hub_id(teacher)}`)" if hub_id(teacher) else "")
-             + (f", fine-tuned from `{metadata['teacher_base_model']}`" if metadata.get("teacher_base_model") else ""),
+             (f"- teacher: `{teacher}`" + (f" (Hub: `{hub_id(teacher)}`)" if hub_id(teacher) else "")
+              + (f", fine-tuned from `{metadata['teacher_base_model']}`" if metadata.get("teacher_base_model")
+                 and metadata["teacher_base_model"] != hub_id(teacher) else "")) if teacher else "- teacher: none",
              f"- student weights derive from: `{metadata.get('base_model')}`" if metadata.get("base_model") else
              "- student initialisation: student.init in the config below",
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
