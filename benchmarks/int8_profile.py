@@ -17,7 +17,8 @@ from pathlib import Path
 
 from distilkit.evaluate.speed import all_threads, throughput
 from distilkit.export import export_onnx, quantize_int8
-from distilkit.run import environment, model_split
+from distilkit.machine import environment
+from distilkit.run import model_split
 from int8_variants import student_arguments
 
 

@@ -56,7 +56,7 @@ def distilkit_config(args, work: Path, precision: str) -> dict:
 
 
 def vm_hwm_mb() -> float:
-    from distilkit.train.distiller import peak_rss_mb
+    from distilkit.machine import peak_rss_mb
 
     return peak_rss_mb()
 
@@ -226,7 +226,7 @@ def main() -> None:
         (work / "result.json").write_text(json.dumps(result, indent=2))
         return
 
-    from distilkit.run import environment
+    from distilkit.machine import environment
 
     sides = {}
     for side in ("distilkit", "textbrewer"):

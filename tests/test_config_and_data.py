@@ -171,3 +171,20 @@ def test_glue_students_carry_published_label_names_while_tsv_values_keep_their_i
 
     custom = TaskSpec("custom", ("text",), "label", ("neg", "pos"), ("accuracy",))
     assert label_settings(custom)["id2label"] == {0: "neg", 1: "pos"}  # custom tasks keep their own
+
+
+def test_a_split_is_read_from_the_task_and_data_settings_alone(tmp_path, glue_dir):
+    from distilkit.config import DataConfig, TaskConfig
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import task_spec
+
+    sst2 = task_spec(TaskConfig(name="SST-2"))
+    assert len(read_split(sst2, "dev", DataConfig(dir=str(glue_dir)))) == 32
+    (tmp_path / "t.jsonl").write_text('{"text": "fine", "label": "pos"}\n')
+    custom = task_spec(TaskConfig(name="custom", text_columns=["text"], labels=["neg", "pos"],
+                                  train_file=str(tmp_path / "t.jsonl")))
+    assert [e.label for e in read_split(custom, "train", DataConfig())] == [1]
+    with pytest.raises(DataError, match="custom task has no dev file: set task.dev_file"):
+        read_split(custom, "dev", DataConfig())
+    with pytest.raises(DataError, match="no data directory"):
+        read_split(sst2, "dev", DataConfig())  # neither data.dir nor $DISTILKIT_DATA

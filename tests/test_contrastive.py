@@ -84,11 +84,11 @@ def test_info_nce_with_temperature_by_hand():
 # ---------------------------------------------------------------------------------------------- lrc
 
 
-def _ctx(task="sst2", student_layers=2, teacher_layers=4, width=4, teacher_width=4, total_steps=10,
-         train_labels=None, accelerator=None):
+def _ctx(task="sst2", student_layers=2, teacher_layers=4, width=4, teacher_width=4, train_labels=None,
+         accelerator=None):
     student = SimpleNamespace(num_layers=student_layers, width=width, num_heads=2)
     teacher = SimpleNamespace(num_layers=teacher_layers, width=teacher_width, config=SimpleNamespace())
-    return MethodContext(task=glue_task(task), student=student, teacher=teacher, total_steps=total_steps,
+    return MethodContext(task=glue_task(task), student=student, teacher=teacher,
                          train_size=len(train_labels) if train_labels is not None else 8,
                          train_labels=train_labels, accelerator=accelerator)
 
@@ -198,7 +198,7 @@ def tiny_pair(tiny_teacher):
 
 def _lrc_on(tiny_pair, **params):
     teacher, student, _ = tiny_pair
-    ctx = MethodContext(task=glue_task("sst2"), student=student, teacher=teacher, total_steps=10, train_size=3)
+    ctx = MethodContext(task=glue_task("sst2"), student=student, teacher=teacher, train_size=3)
     torch.manual_seed(0)
     return get_method("lrc")(method_params({"name": "lrc", "first_stage_fraction": 0.0, **params}), ctx)
 
@@ -300,7 +300,7 @@ def test_codir_batch_negatives_are_other_rows_of_the_batch():
     assert sorted(ids[0].tolist()) == [2, 3] and sorted(ids[1].tolist()) == [3, 5]
 
 
-def test_codir_crd_term_is_info_nce_over_bank_negatives_then_bank_updates():
+def test_codir_crd_term_is_info_nce_over_bank_negatives_and_only_a_taken_step_updates_the_bank():
     torch.manual_seed(0)
     method = _codir(kd_weight=0.0, crd_weight=1.0, temperature=0.5)
     student, teacher = _codir_features()
@@ -317,6 +317,13 @@ def test_codir_crd_term_is_info_nce_over_bank_negatives_then_bank_updates():
     assert set(terms) == {"ce", "crd"}
     assert terms["crd"].item() == pytest.approx(expected.item(), abs=1e-6)
     assert terms["ce"].item() == pytest.approx(losses.hard_cross_entropy(student.logits, batch["labels"]).item())
+    # the loss alone (what held-out scoring computes) writes nothing; the bank changed here before the hook
+    assert torch.equal(method.memory, bank_before)
+    method.training_step(SimpleNamespace(features=lambda batch, request: student), batch, teacher, Progress(0, 10))
+    assert torch.equal(method.memory, bank_before)  # not before the optimizer step is taken
+    method.after_optimizer_step(Progress(0, 10))
+    assert torch.allclose(method.memory[:3], 0.5 * bank_before[:3] + 0.5 * h_s.detach())
+    method.after_optimizer_step(Progress(1, 10))  # each step's positives are written once
     assert torch.allclose(method.memory[:3], 0.5 * bank_before[:3] + 0.5 * h_s.detach())
 
 
@@ -340,7 +347,7 @@ def test_codir_explains_impossible_settings():
 
 def test_codir_pretrain_loss_side_on_a_tiny_model(tiny_pair):
     teacher, student, batch = tiny_pair
-    ctx = MethodContext(task=glue_task("sst2"), student=student, teacher=teacher, total_steps=10, train_size=3)
+    ctx = MethodContext(task=glue_task("sst2"), student=student, teacher=teacher, train_size=3)
     method = get_method("codir")(method_params({"name": "codir", "objective": "pretrain", "negative_sampling": "batch",
                                                 "kd_weight": 0.1, "crd_weight": 0.1}), ctx)
     mlm_labels = torch.full_like(batch["input_ids"], -100)

@@ -74,7 +74,7 @@ def test_mixed_precision_choices_and_auto_resolution():
     if torch.cuda.is_available():
         assert resolved == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
     else:
-        from distilkit.config import cpu_has_native_bf16
+        from distilkit.machine import cpu_has_native_bf16
 
         assert resolved == ("bf16" if cpu_has_native_bf16() else "no")
 

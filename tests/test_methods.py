@@ -17,7 +17,7 @@ def _ctx(task="sst2", student_layers=2, teacher_layers=4, width=8, teacher_width
     student = SimpleNamespace(num_layers=student_layers, width=width, num_heads=heads)
     teacher = SimpleNamespace(num_layers=teacher_layers, width=teacher_width,
                               config=SimpleNamespace(num_attention_heads=teacher_heads or heads))
-    return MethodContext(task=glue_task(task), student=student, teacher=teacher, total_steps=10, train_size=4)
+    return MethodContext(task=glue_task(task), student=student, teacher=teacher, train_size=4)
 
 
 def _method(params: dict, **ctx):
@@ -117,3 +117,38 @@ def test_tinybert_joint_schedule_sums_every_term_at_every_step():
         # embedding: mean (0-1)^2 = 1; hidden: two layers of 1; prediction: -2 * 0.5 ln 0.5 = ln 2
         assert {k: round(v.item(), 4) for k, v in terms.items()} == {"embedding": 1.0, "hidden": 2.0,
                                                                     "prediction": 0.6931}
+
+
+def test_soft_label_loss_is_one_rule_for_every_method():
+    """MSE to the teacher for regression; else KL, T²·KL or soft cross-entropy at T (hand values)."""
+    student, teacher = torch.tensor([[1.0, 1.0]]), torch.tensor([[0.0, 2 * math.log(3)]])
+    kl = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # at T=2 the teacher's probabilities are [1/4, 3/4]
+    method = _method({"name": "kd"})
+    assert method.soft_label_loss(student, teacher, 2.0, "kl").item() == pytest.approx(kl, abs=1e-6)
+    assert method.soft_label_loss(student, teacher, 2.0, "scaled_kl").item() == pytest.approx(4 * kl, abs=1e-6)
+    assert method.soft_label_loss(student, teacher, 2.0, "cross_entropy").item() == pytest.approx(math.log(2))
+    regression = _method({"name": "kd"}, task="stsb")
+    assert regression.soft_label_loss(torch.tensor([[1.0]]), torch.tensor([[3.0]]), 2.0, "kl").item() == 4.0
+
+
+def test_held_out_scoring_leaves_method_state_alone_and_training_changes_it(tmp_path, glue_dir, tiny_teacher):
+    from distilkit.config import build_config
+    from distilkit.evaluate.evaluator import heldout_loss
+    from distilkit.run import build_run
+    from distilkit.train.distiller import Distiller
+
+    config = build_config({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 16},
+        "teacher": {"model": str(tiny_teacher), "cache": False},
+        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
+        "method": {"name": "codir", "negatives": 4, "dim": 3, "crd_weight": 1.0},
+        "train": {"max_steps": 1, "batch_size": 8}, "output": {"dir": str(tmp_path / "run")}})
+    run = build_run(config)
+    bank = run.method.memory.clone()
+    loss = heldout_loss(run.student, run.method, run.teacher_source, run.eval_data["dev"], 8, Progress(0, 1))
+    assert loss > 0 and torch.equal(run.method.memory, bank)
+    (tmp_path / "run").mkdir()
+    Distiller(config=config, task=run.task, student=run.student, method=run.method, teacher_source=run.teacher_source,
+              train_data=run.train_data, eval_data={}, out_dir=tmp_path / "run", save_student=lambda *_: None).train()
+    changed = (run.method.memory != bank).any(dim=1)
+    assert int(changed.sum()) == 8  # the one step's batch of positives, written back

@@ -8,9 +8,11 @@ from datasets import ClassLabel, Dataset, Features, Value
 from conftest import _sentence
 from distilkit.config import ConfigError, build_config
 from distilkit.data.readers import DataError
-from distilkit.data.sources import read_data_file
+from distilkit.data.readers import read_data_file
 from distilkit.data.tasks import TaskSpec
-from distilkit.run import read_split, run_experiment, task_spec
+from distilkit.data.readers import read_split
+from distilkit.data.tasks import task_spec
+from distilkit.run import run_experiment
 
 TASK = TaskSpec("custom", ("review",), "sentiment", ("neg", "pos"), ("accuracy",))
 
@@ -40,7 +42,7 @@ def test_custom_task_from_local_parquet_distils_end_to_end(tmp_path, tiny_teache
         "train": {"epochs": 1, "batch_size": 16, "mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}})
     metrics = run_experiment(config)
     assert metrics["train_examples_in_set"] == 96 and 0 <= metrics["final"]["dev"]["accuracy"] <= 1
-    dev = read_split(config, task_spec(config), "dev")
+    dev = read_split(task_spec(config.task), "dev", config.data)
     assert [e.label for e in dev] == [i % 2 for i in range(32)]  # ClassLabel ids read through their names
 
 
@@ -91,14 +93,14 @@ def test_hub_dataset_with_config_split_and_column_mapping(monkeypatch):
     config = build_config({"task": custom_task(dataset="someone/reviews", dataset_config="en",
                                                splits={"train": "train", "dev": "test"}),
                            "student": {"init": "random"}, "teacher": {"model": "x"}})
-    train = read_split(config, task_spec(config), "train")
+    train = read_split(task_spec(config.task), "train", config.data)
     assert calls == [("someone/reviews", "en", "train")] and [e.label for e in train] == [i % 2 for i in range(10)]
-    read_split(config, task_spec(config), "dev")
+    read_split(task_spec(config.task), "dev", config.data)
     assert calls[-1] == ("someone/reviews", "en", "test")
     config = build_config({"task": custom_task(dataset="someone/reviews"), "student": {"init": "random"},
                            "teacher": {"model": "x"}})
     with pytest.raises(DataError, match=r"someone/reviews\[validation\]: Unknown split"):
-        read_split(config, task_spec(config), "dev")
+        read_split(task_spec(config.task), "dev", config.data)
 
 
 def test_glue_from_the_hub_maps_labels_by_name(monkeypatch):

@@ -1,7 +1,7 @@
 """distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept.
 
     from distilkit import distil
-    result = distil("configs/kd_sst2.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
+    result = distil("configs/kd-sst2.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
 """
 
 from importlib.metadata import version
@@ -9,9 +9,12 @@ from importlib.metadata import version
 __version__ = version("distilkit")  # pyproject.toml's, the one place it is written
 __all__ = ["Distilled", "distil", "__version__"]
 
+# The built-in tasks, student kinds and methods register the names the config schema accepts.
+from distilkit import methods as _methods  # noqa: E402,F401
+
 
 def __getattr__(name: str):
-    """`distil` loads torch and transformers: only when asked for, so `import distilkit` stays instant."""
+    """`distil` is the runner's: imported when asked for, so the layers below never load it."""
     if name in ("distil", "Distilled"):
         from distilkit import api
 

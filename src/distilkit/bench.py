@@ -201,11 +201,12 @@ class Bench:
     def _dev(self, config: ExperimentConfig, model: Path):
         from distilkit.data.dataset import TokenizedDataset
         from distilkit.models.student import load_tokenizer
-        from distilkit.run import eval_splits, read_split, task_spec
+        from distilkit.data.readers import read_split
+        from distilkit.data.tasks import task_spec
 
-        spec = task_spec(config)
-        split = eval_splits(config, spec)[0]
-        dev = TokenizedDataset(read_split(config, spec, split), load_tokenizer(str(model)), config.data.max_length,
+        spec = task_spec(config.task)
+        split = (config.eval.splits or spec.dev_splits)[0]
+        dev = TokenizedDataset(read_split(spec, split, config.data), load_tokenizer(str(model)), config.data.max_length,
                                spec.is_regression)
         return spec, split, dev
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
-import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 CARD_FILE = "README.md"
@@ -50,37 +48,6 @@ def command_line() -> str | None:
     if program.name == "distilkit" or program.parts[-2:] == ("distilkit", "__main__.py"):
         return shlex.join(["distilkit", *sys.argv[1:]])
     return None
-
-
-@torch.inference_mode()
-def dev_throughput(model, dataset, batch_size: int) -> float:
-    """Sentences per second over a dev set, in this process (compare only numbers measured together)."""
-    from distilkit.evaluate.evaluator import predict_logits
-
-    seconds = []
-    for _ in range(2):  # the faster of two passes: the first also pays for warm-up
-        start = time.perf_counter()
-        predict_logits(model, dataset, batch_size)
-        seconds.append(time.perf_counter() - start)
-    return round(len(dataset) / min(seconds), 1)
-
-
-def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size: int) -> dict:
-    """The teacher's dev scores on the student's own eval data, and both models' dev throughput
-    measured one after the other here: the card's side-by-side. Empty without a teacher with a head."""
-    from distilkit.evaluate.evaluator import evaluate_splits
-    from distilkit.models.student import TransformerStudent
-
-    labeled = {split: data for split, data in eval_data.items() if getattr(data, "labels", None) is not None}
-    if teacher is None or not teacher.has_head or task.unlabeled or not labeled:
-        return {}
-    teacher_model = TransformerStudent(teacher.model)
-    first = next(iter(labeled.values()))
-    return {"teacher_scores": evaluate_splits(teacher_model, labeled, task, batch_size),
-            "dev_throughput": {"student": dev_throughput(student, first, batch_size),
-                               "teacher": dev_throughput(teacher_model, first, batch_size),
-                               "split": next(iter(labeled)), "batch_size": batch_size,
-                               "threads": torch.get_num_threads()}}
 
 
 def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:

@@ -100,26 +100,24 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
              max_length: int = 128, batch_size: int = 128,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """GLUE dev metrics of a saved model, as JSON."""
-    from distilkit.config import build_config
+    from distilkit.config import DataConfig
     from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate.evaluator import evaluate_splits
+    from distilkit.models.hub import resolve_model
     from distilkit.models.student import load_student, load_tokenizer, read_metadata
-    from distilkit.run import eval_splits, read_split, task_spec
 
     try:
-        from distilkit.models.hub import resolve_model
-
         path = resolve_model(model)
         task = task or read_metadata(Path(path)).get("task")
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
-        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": max_length},
-                               "eval": {"splits": split}, "student": {"init": "pretrained", "pretrained": path}})
-        spec = task_spec(config)
+        spec, settings = glue_task(task), DataConfig(dir=data)
         tokenizer = load_tokenizer(path)
         student = load_student(path)
-        datasets = {s: TokenizedDataset(read_split(config, spec, s), tokenizer, max_length, spec.is_regression)
-                    for s in eval_splits(config, spec)}
+        datasets = {s: TokenizedDataset(read_split(spec, s, settings), tokenizer, max_length, spec.is_regression)
+                    for s in split or spec.dev_splits}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
         _fail(err)
@@ -144,30 +142,29 @@ def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student
     """Untuned sentence-embedding similarity (SRA Table 5): cosine of the two sentences vs the gold label."""
     import random
 
-    from distilkit.config import build_config
-    from distilkit.data.readers import DataError
+    from distilkit.config import DataConfig
+    from distilkit.data.readers import DataError, read_split
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate.similarity import untuned_similarity
-    from distilkit.run import read_split, task_spec
 
     def sample(pairs: list) -> list:
         return pairs if max_pairs is None or len(pairs) <= max_pairs else random.Random(0).sample(pairs, max_pairs)
 
     try:
-        config = build_config({"task": {"name": task}, "data": {"dir": data}, "student": {"init": "random"}})
-        spec = task_spec(config)
+        spec, settings = glue_task(task), DataConfig(dir=data)
         if not spec.is_pair or not (spec.is_regression or spec.labels == ("0", "1")):
             raise ValueError(f"{task} is not a sentence-pair similarity or paraphrase task; use stsb, qqp or mrpc")
         if max_pairs is not None and max_pairs < 2:
             raise ValueError(f"--max-pairs {max_pairs} is too few: give at least 2 (or leave it out for every pair)")
         if held_out_train:
-            train = read_split(config, spec, "train")
+            train = read_split(spec, "train", settings)
             train = random.Random(0).sample(train, len(train))
             fit, scored, split = train[: len(train) // 2], train[len(train) // 2:], "held-out half of train"
         else:
             split = "dev"
-            fit = [] if spec.is_regression else read_split(config, spec, "train")
+            fit = [] if spec.is_regression else read_split(spec, "train", settings)
             try:
-                scored = read_split(config, spec, "dev")
+                scored = read_split(spec, "dev", settings)
             except DataError as err:
                 raise DataError(f"{err}; --held-out-train scores held-out train pairs instead") from None
         threshold_pairs = None if spec.is_regression else sample(fit)
@@ -259,12 +256,13 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
            max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
            ) -> None:
     """GLUE test-set predictions in the leaderboard's format (index<TAB>prediction)."""
-    from distilkit.config import build_config
+    from distilkit.config import DataConfig
     from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate.submission import glue_test_splits, write_submission
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
-    from distilkit.run import read_split, task_spec
 
     try:
         meta = read_metadata(model)
@@ -272,13 +270,9 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
         length = max_length or meta.get("max_length", 128)
-        config = build_config({"task": {"name": task}, "data": {"dir": data, "max_length": length},
-                               "student": {"init": "pretrained", "pretrained": str(model)}})
-        spec = task_spec(config)
-        if spec.name == "custom":
-            raise ValueError("submission files are for GLUE tasks")
+        spec, settings = glue_task(task), DataConfig(dir=data)
         tokenizer = load_tokenizer(str(model))
-        datasets = {split: TokenizedDataset(read_split(config, spec, split), tokenizer, length, spec.is_regression)
+        datasets = {split: TokenizedDataset(read_split(spec, split, settings), tokenizer, length, spec.is_regression)
                     for split in glue_test_splits(spec)}
         written = write_submission(inference_model(model, onnx=use_onnx, int8=int8), spec, datasets, out)
     except _user_errors() as err:

@@ -2,16 +2,21 @@
 
 Invalid values fail here, before any work starts, with the field's path and the allowed values.
 Each method owns the schema of its own parameters (`MethodParams` subclasses in `methods/`);
-the `method` section is validated against the schema of the method it names.
+the `method` section is validated against the schema of the method it names. Methods and tasks are
+defined in the layers above; they register here when they load (`import distilkit` loads the built-in
+ones), so this module imports none of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from distilkit.machine import cpu_has_native_bf16
 
 
 class ConfigError(ValueError):
@@ -26,6 +31,25 @@ class MethodParams(StrictModel):
     """Base of every method's parameter schema; `name` selects the method in the registry."""
 
     name: str
+    needs_teacher: ClassVar[bool] = True  # False: the method trains on labels alone (finetune)
+
+
+_METHOD_PARAMS: dict[str, type[MethodParams]] = {}
+_task_lookup: Callable[[str], Any] | None = None
+
+
+def register_method_params(name: str, params: type[MethodParams]) -> None:
+    """Makes `method: {name: ...}` valid, checked against `params` (called by `methods.register_method`)."""
+    if _METHOD_PARAMS.get(name, params) is not params:
+        raise ValueError(f"method name {name!r} is already registered")
+    _METHOD_PARAMS[name] = params
+
+
+def register_task_lookup(lookup: Callable[[str], Any]) -> None:
+    """Checks task.name against `lookup` (data/tasks.py registers `glue_task`), which raises ValueError
+    naming the choices for a name it does not know."""
+    global _task_lookup
+    _task_lookup = lookup
 
 
 class TaskConfig(StrictModel):
@@ -53,10 +77,8 @@ class TaskConfig(StrictModel):
             if bool(self.train_file) == bool(self.dataset):
                 raise ValueError("a custom task reads either task.train_file (.tsv/.csv/.jsonl/.parquet/.arrow/"
                                  ".json) or task.dataset (a Hub id or dataset folder): set one of them")
-        elif self.name != "unlabeled":
-            from distilkit.data.tasks import glue_task
-
-            glue_task(self.name)
+        elif self.name != "unlabeled" and _task_lookup is not None:
+            _task_lookup(self.name)
         return self
 
 
@@ -190,14 +212,6 @@ class TrainConfig(StrictModel):
         return "bf16" if cpu_has_native_bf16() else "no"
 
 
-def cpu_has_native_bf16() -> bool:
-    """bf16 autocast pays off only where the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere
-    PyTorch emulates it (a matmul measured 36x slower than fp32 on an AVX2-only EPYC)."""
-    import torch
-
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 class EvalConfig(StrictModel):
     every_steps: int | None = Field(None, ge=1)  # default: end of every epoch
     splits: list[str] | None = None  # default: the task's dev split(s)
@@ -228,9 +242,7 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _teacher_where_needed(self):
-        from distilkit.methods import get_method
-
-        if get_method(self.method.name).needs_teacher and not self.teacher.model:
+        if self.method.needs_teacher and not self.teacher.model:
             raise ValueError(f"method {self.method.name!r} distils from a teacher: set teacher.model")
         unlabeled = self.task.name == "unlabeled"
         if unlabeled != (self.data.corpus is not None):
@@ -250,16 +262,12 @@ class ExperimentConfig(StrictModel):
 
 def method_params(value: Any) -> MethodParams:
     """Validates a `method` mapping against the parameter schema of the method it names."""
-    from distilkit.methods import get_method, method_names
-
     if not isinstance(value, dict) or "name" not in value:
-        raise ValueError(f"method needs a name, one of {method_names()}")
+        raise ValueError(f"method needs a name, one of {sorted(_METHOD_PARAMS)}")
+    if value["name"] not in _METHOD_PARAMS:
+        raise ValueError(f"unknown method {value['name']!r}; choose one of {sorted(_METHOD_PARAMS)}")
     try:
-        method_cls = get_method(value["name"])
-    except KeyError:
-        raise ValueError(f"unknown method {value['name']!r}; choose one of {method_names()}") from None
-    try:
-        return method_cls.Params.model_validate(value)
+        return _METHOD_PARAMS[value["name"]].model_validate(value)
     except ValidationError as err:
         raise ValueError(_describe(err, prefix="method")) from None
 

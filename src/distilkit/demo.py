@@ -66,7 +66,8 @@ def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
     from distilkit.data.dataset import TokenizedDataset
     from distilkit.evaluate.speed import pytorch_runner, side_by_side
     from distilkit.models.student import load_student, load_tokenizer
-    from distilkit.run import read_split, task_spec
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import task_spec
 
     console = Console(stderr=True)
     configs = demo_configs(data, Path(output), budget)
@@ -80,12 +81,12 @@ def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
 
     console.rule("[bold]speed[/]: batch 1 latency and batch 32 throughput, measured side by side")
     config = build_config(configs["kd"])
-    spec = task_spec(config)
+    spec = task_spec(config.task)
     paths = {"teacher": Path(configs["teacher"]["output"]["dir"]) / "best",
              "kd": Path(configs["kd"]["output"]["dir"]) / "best",
              "finetune": Path(configs["finetune"]["output"]["dir"]) / "best"}
     tokenizer = load_tokenizer(str(paths["teacher"]))
-    dev = TokenizedDataset(read_split(config, spec, "dev"), tokenizer, 128, spec.is_regression)
+    dev = TokenizedDataset(read_split(spec, "dev", config.data), tokenizer, 128, spec.is_regression)
     models = {name: load_student(path).eval() for name, path in paths.items()}
     speed = side_by_side({name: pytorch_runner(model) for name, model in models.items()}, dev,
                          reference="teacher")

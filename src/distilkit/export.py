@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from distilkit.card import CARD_FILE, write_card
+from distilkit.models.features import Features
 from distilkit.models.student import TransformerStudent, load_student, read_metadata
 
 ONNX_FILE = "model.onnx"
@@ -121,8 +122,6 @@ class OnnxStudent:
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def features(self, batch, request=None):
-        from distilkit.models.features import Features
-
         feeds = {name: batch[name].numpy() for name in self.input_names}
         logits = torch.from_numpy(self.session.run(["logits"], feeds)[0])
         return Features(attention_mask=batch["attention_mask"], logits=logits)

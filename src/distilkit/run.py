@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -19,67 +18,34 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distilkit.card import command_line, hub_id, measure_against_teacher, model_origin, push_to_hub, write_card
-from distilkit.config import ExperimentConfig, cpu_has_native_bf16, dump_config
+from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
+from distilkit.config import DataConfig, ExperimentConfig, dump_config
+from distilkit.data.augment import augmented_examples
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, find_split_file, read_hub, read_table, read_tsv, \
-    resolve_data_dir
-from distilkit.data.sources import FILE_BUILDERS, read_data_file, read_dataset_split
-from distilkit.data.tasks import UNLABELED, TaskSpec, glue_task
+from distilkit.data.readers import DATA_ENV, DataError, Example, read_split, resolve_data_dir
+from distilkit.data.tasks import TaskSpec, glue_task, task_spec
+from distilkit.evaluate.against_teacher import measure_against_teacher
+from distilkit.evaluate.profile import count_parameters
+from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method
 from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
-from distilkit.train.distiller import Distiller, make_accelerator, peak_rss_mb, total_steps
+from distilkit.train.distiller import Distiller, make_accelerator
 
 
 class RunError(RuntimeError):
     pass
 
 
-def task_spec(config: ExperimentConfig) -> TaskSpec:
-    t = config.task
-    if t.name == UNLABELED.name:
-        return UNLABELED
-    if t.name != "custom":
-        return glue_task(t.name)
-    labels = tuple(t.labels) if t.labels else None
-    metrics = tuple(t.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
-    return TaskSpec("custom", tuple(t.text_columns), t.label_column, labels, metrics)
-
-
-def read_split(config: ExperimentConfig, task: TaskSpec, split: str) -> list[Example]:
-    labeled = not split.startswith("test")
-    if config.task.name == "custom":
-        t = config.task
-        if t.dataset:
-            if split not in t.splits:
-                raise DataError(f"custom task has no {split} split: set task.splits.{split}")
-            return read_dataset_split(task, t.dataset, t.dataset_config, t.splits[split], labeled)
-        file = {"train": t.train_file, "dev": t.dev_file, "test": t.test_file}.get(split)
-        if not file:
-            raise DataError(f"custom task has no {split} file: set task.{split}_file")
-        if Path(file).suffix.lower() in FILE_BUILDERS:
-            return read_data_file(task, Path(file), labeled)
-        return read_table(task, Path(file), labeled)
-    if config.data.source == "hub":
-        return read_hub(task, split)
-    folder = resolve_data_dir(config.data.dir) / "glue" / task.folder
-    return read_tsv(task, find_split_file(task, folder, split), labeled)
-
-
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
                 data_dir: str | None = None) -> tuple[TaskSpec, TokenizedDataset]:
     """A GLUE split tokenised with a saved model's own tokenizer: what scoring or timing that model reads."""
-    from distilkit.config import build_config
-
-    config = build_config({"task": {"name": task}, "data": {"dir": data_dir, "max_length": max_length},
-                           "student": {"init": "pretrained", "pretrained": str(model)}})
-    spec = task_spec(config)
-    examples = read_split(config, spec, split)
+    spec = glue_task(task)
+    examples = read_split(spec, split, DataConfig(dir=data_dir))
     return spec, TokenizedDataset(examples, load_tokenizer(str(model)), max_length, spec.is_regression)
 
 
@@ -91,15 +57,11 @@ def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Exam
     return [examples[i] for i in keep]
 
 
-def eval_splits(config: ExperimentConfig, task: TaskSpec) -> list[str]:
-    return config.eval.splits or (["dev"] if task.name == "custom" else list(task.dev_splits))
-
-
 def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
     datasets = {}
-    for split in eval_splits(config, task):
+    for split in config.eval.splits or task.dev_splits:
         try:
-            examples = read_split(config, task, split)
+            examples = read_split(task, split, config.data)
         except DataError as err:
             if config.eval.splits:  # asked for explicitly: must exist
                 raise
@@ -108,25 +70,6 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
         datasets[split] = TokenizedDataset(capped(examples, config.data.max_eval_examples), tokenizer,
                                            config.data.max_length, task.is_regression)
     return datasets
-
-
-def environment() -> dict:
-    import accelerate
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_bf16": cpu_has_native_bf16(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
 
 
 def prepare_output(config: ExperimentConfig) -> Path:
@@ -170,17 +113,15 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     torch.manual_seed(config.train.seed)
-    task = task_spec(config)
+    task = task_spec(config.task)
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
     tokenizer = load_tokenizer(tokenizer_source)
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
-        train_examples = capped(read_split(config, task, "train"), config.data.max_train_examples)
+        train_examples = capped(read_split(task, "train", config.data), config.data.max_train_examples)
         if config.data.augment is not None:
-            from distilkit.data.augment import augmented_examples
-
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.model,
                                                 cache_root(config.teacher.cache_dir))
@@ -203,10 +144,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
     store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
-    ctx = MethodContext(task=task, student=student, teacher=teacher,
-                        total_steps=total_steps(train_data.num_examples, config.train),
-                        train_size=train_data.num_examples, train_labels=labels, accelerator=accelerator,
-                        train_data=train_data, store_dir=store_dir)
+    ctx = MethodContext(task=task, student=student, teacher=teacher, train_size=train_data.num_examples,
+                        train_labels=labels, accelerator=accelerator, train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
@@ -214,9 +153,10 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                         "method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
     cache = None
-    # a streamed corpus is seen about once and changes every chunk: its teacher outputs are computed live
-    cacheable = method_cls.teacher_cacheable and isinstance(train_data, TokenizedDataset)
-    if teacher is not None and config.teacher.cache and cacheable and not request.is_empty():
+    # a streamed corpus is seen about once, and masked batches change every step: their teacher outputs
+    # are computed live
+    fixed_inputs = isinstance(train_data, TokenizedDataset)
+    if teacher is not None and config.teacher.cache and fixed_inputs and not request.is_empty():
         cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
     source = TeacherSource(teacher, request or method.teacher_request(), cache)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache, scratch)
@@ -253,12 +193,6 @@ def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
     if config.output.push_to_hub:
         folder = out / "best" if (out / "best").is_dir() else out / "final"
         print(f"pushed {folder} to {push_to_hub(folder, config.output.push_to_hub)}")
-
-
-def count_parameters(module: torch.nn.Module) -> dict[str, int]:
-    total = sum(p.numel() for p in module.parameters())
-    embeddings = sum(p.numel() for name, p in module.named_parameters() if "embeddings" in name)
-    return {"total": total, "without_embeddings": total - embeddings}
 
 
 def run_experiment(config: ExperimentConfig) -> dict:

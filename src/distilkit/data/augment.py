@@ -40,6 +40,9 @@ import torch
 
 from distilkit.config import AugmentConfig
 from distilkit.data.readers import DataError, Example
+from distilkit.models.mlm import mlm_logits, word_embeddings
+from distilkit.models.student import load_tokenizer
+from distilkit.models.teacher import Teacher
 
 MASK_STRIDE = 7
 PAPER_PROBABILITIES = {"tinybert": {"replace": 0.4, "mask": 0.0, "ngram": 0.0},
@@ -59,9 +62,6 @@ class Candidates:
 
     def __init__(self, model_name: str, k: int, vectors: str | None = None, batch_size: int = 64,
                  source: str = "mlm"):
-        from distilkit.models.student import load_tokenizer
-        from distilkit.models.teacher import Teacher
-
         self.teacher = Teacher(model_name)
         self.tokenizer = load_tokenizer(model_name)
         self.k = k
@@ -73,8 +73,6 @@ class Candidates:
         self.glove = GloveNeighbours(Path(vectors), k) if vectors else None
         self.source = source
         if source == "embeddings":
-            from distilkit.models.mlm import word_embeddings
-
             self.unit_embeddings = torch.nn.functional.normalize(word_embeddings(self.teacher.model).float(), dim=-1)
 
     def single_piece(self, word: str) -> bool:
@@ -83,8 +81,6 @@ class Candidates:
     @torch.inference_mode()
     def for_example(self, texts: tuple[str, ...]) -> list[list[list[str]]]:
         """[text][word] -> candidate words (empty when the word cannot be replaced)."""
-        from distilkit.models.mlm import mlm_logits
-
         words = [t.split() for t in texts]
         flat = [(ti, wi) for ti, ws in enumerate(words) for wi in range(len(ws))]
         out = [[[] for _ in ws] for ws in words]

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from distilkit.data.dataset import TokenizedDataset
+from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.data.readers import DataError, Example
 
 UNITS = ("sentence", "packed")
@@ -179,8 +179,6 @@ class TextCorpus:
 
         Yields (batch, position after it, last batch of the pass); the position is JSON-able.
         """
-        from distilkit.data.dataset import LengthBucketBatchSampler
-
         position = position or {"file": 0, "offset": 0, "batch": 0}
         pending = None  # the last batch, held back until we know whether it ends the pass
         served_any = False

@@ -3,12 +3,15 @@
 The nine GLUE tasks are registered here with the column names, label values and official
 metrics of the GLUE tsv files, and the label names GLUE publishes (the `datasets` GLUE features),
 which saved students carry in `id2label`. Custom tasks (files or `datasets` sources with named
-columns) are described by the same `TaskSpec`, built from the config.
+columns) are described by the same `TaskSpec`, built from the config. The config schema checks task
+names against `glue_task`, registered at the bottom of this file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from distilkit.config import TaskConfig, register_task_lookup
 
 
 @dataclass(frozen=True)
@@ -19,13 +22,18 @@ class TaskSpec:
     labels: tuple[str, ...] | None  # the label values as the data files write them; None: regression
     metrics: tuple[str, ...]  # the first one selects the best checkpoint
     folder: str = ""  # GLUE folder name under <data>/glue/
-    # split name -> file names to try, first found wins (reduced/subset files are fallbacks)
+    # split name -> file names to try, first found wins (reduced/subset files are fallbacks); a custom
+    # task's are its configured paths
     split_files: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # CoLA's train/dev files have no header: column names in file order
     headerless_columns: tuple[str, ...] | None = None
     hub_name: str = ""  # name of the GLUE config on the Hugging Face hub
     dev_splits: tuple[str, ...] = ("dev",)
     unlabeled: bool = False  # plain text, no labels (general distillation): scored by held-out loss
+    # a custom task read by `datasets.load_dataset`: Hub id or folder, its config, split name -> its split
+    dataset: str | None = None
+    dataset_config: str | None = None
+    dataset_splits: dict[str, str] = field(default_factory=dict)
     # what each class id means (id2label of a saved model); default: the label values themselves
     names: tuple[str, ...] | None = None
 
@@ -112,3 +120,20 @@ def glue_task(name: str) -> TaskSpec:
     if key not in GLUE_TASKS:
         raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)} or define a custom task")
     return GLUE_TASKS[key]
+
+
+def task_spec(task: TaskConfig) -> TaskSpec:
+    """The configured task: a GLUE task, the unlabeled-text task, or a custom task with its own files."""
+    if task.name == UNLABELED.name:
+        return UNLABELED
+    if task.name != "custom":
+        return glue_task(task.name)
+    labels = tuple(task.labels) if task.labels else None
+    metrics = tuple(task.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
+    files = {"train": task.train_file, "dev": task.dev_file, "test": task.test_file}
+    return TaskSpec("custom", tuple(task.text_columns), task.label_column, labels, metrics,
+                    split_files={split: (file,) for split, file in files.items() if file},
+                    dataset=task.dataset, dataset_config=task.dataset_config, dataset_splits=dict(task.splits))
+
+
+register_task_lookup(glue_task)

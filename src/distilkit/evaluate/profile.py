@@ -1,4 +1,4 @@
-"""What BENCHMARK.md asks of every student beyond its training: size, FLOPs, and speed and dev score
+"""What a benchmark records of every student beyond its training: size, FLOPs, and speed and dev score
 in four deployment formats, each measured beside the teacher in the same process.
 
 Formats: PyTorch fp32, PyTorch bf16 (autocast), ONNX Runtime fp32 and ONNX Runtime dynamic int8.
@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distilkit.config import cpu_has_native_bf16
+import torch
+
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.tasks import TaskSpec
 from distilkit.evaluate.evaluator import predict_logits
 from distilkit.evaluate.metrics import compute_metrics
 from distilkit.evaluate.speed import Runner, all_threads, measure, pytorch_runner, speedup, transformer_flops
 from distilkit.export import INT8_FILE, ONNX_FILE, OnnxStudent, export_onnx, quantize_int8
+from distilkit.machine import cpu_has_native_bf16
 from distilkit.models.student import TransformerStudent, load_student
 
 FORMATS = ("pytorch_fp32", "pytorch_bf16", "onnx_fp32", "onnx_int8")
@@ -70,10 +72,14 @@ class Deployment:
         return compute_metrics(task, logits, dev.labels)
 
 
+def count_parameters(module: torch.nn.Module) -> dict[str, int]:
+    total = sum(p.numel() for p in module.parameters())
+    embeddings = sum(p.numel() for name, p in module.named_parameters() if "embeddings" in name)
+    return {"total": total, "without_embeddings": total - embeddings}
+
+
 def size_record(model_dir: Path, mean_length: float) -> dict:
     """Shape, parameters (total / without embeddings) and FLOPs per sequence of `mean_length` tokens."""
-    from distilkit.run import count_parameters
-
     model = load_student(model_dir)
     record = {"params": count_parameters(model), "flops_per_sequence": None, "shape": {"kind": model.kind}}
     if isinstance(model, TransformerStudent):

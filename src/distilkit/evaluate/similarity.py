@@ -9,6 +9,8 @@ accuracy and F1 on the dev pairs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from scipy.stats import pearsonr, spearmanr
@@ -17,17 +19,14 @@ from sklearn.metrics import accuracy_score, f1_score
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.readers import Example
 from distilkit.models.features import FeatureRequest
+from distilkit.models.hub import resolve_model
 from distilkit.models.student import load_student, load_tokenizer, read_metadata
+from distilkit.models.teacher import Teacher
 
 
 @torch.inference_mode()
 def sentence_vectors(model: str, texts: list[str], pooling: str = "cls", max_length: int = 128,
                      batch_size: int = 128) -> np.ndarray:
-    from pathlib import Path
-
-    from distilkit.models.hub import resolve_model
-    from distilkit.models.teacher import Teacher
-
     path = resolve_model(model)
     data = TokenizedDataset([Example((t,), None) for t in texts], load_tokenizer(path), max_length)
     bilstm = read_metadata(Path(path)).get("kind") == "bilstm"

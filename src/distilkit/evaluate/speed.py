@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from distilkit.data.dataset import TokenizedDataset
+from distilkit.models.features import FeatureRequest
+from distilkit.precision import autocast, module_device, to_device
 
 
 @contextmanager
@@ -86,9 +88,6 @@ Runner = Callable[[int], Callable[[dict], object]]
 
 def pytorch_runner(model, bf16: bool = False) -> Runner:
     """A student's (or teacher's) plain logits forward on the model's device, optionally under bf16 autocast."""
-    from distilkit.models.features import FeatureRequest
-    from distilkit.precision import autocast, module_device, to_device
-
     device = module_device(model)
 
     def forward(batch):

@@ -18,29 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
 from distilkit import losses
-from distilkit.config import MethodParams
+from distilkit.config import MethodParams, register_method_params
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest
-
-
-@dataclass(frozen=True)
-class Progress:
-    step: int  # optimizer steps taken before this one
-    total: int  # optimizer steps in the whole run
-
-    @property
-    def fraction(self) -> float:
-        return self.step / max(self.total, 1)
-
-    def before(self, fraction: float) -> bool:
-        """True while the run is in the first `fraction` of its steps (stage switches at a fixed step)."""
-        return self.step < round(fraction * self.total)
+from distilkit.models.student import uniform_layer_map
+from distilkit.train.progress import Progress
 
 
 @dataclass
@@ -48,7 +36,6 @@ class MethodContext:
     task: TaskSpec
     student: nn.Module  # a distilkit Student
     teacher: object | None  # a distilkit Teacher
-    total_steps: int
     train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
     train_labels: torch.Tensor | None = None  # for label-aware negatives
     accelerator: object | None = None  # for gathering in-batch negatives across processes
@@ -61,9 +48,6 @@ class MethodContext:
 class Method(nn.Module):
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]]
-    needs_teacher: ClassVar[bool] = True
-    # False when the teacher's input changes from step to step, so its outputs cannot be cached
-    teacher_cacheable: ClassVar[bool] = True
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         super().__init__()
@@ -85,7 +69,7 @@ class Method(nn.Module):
                       progress: Progress) -> dict[str, torch.Tensor]:
         return self.loss_terms(batch, student_model.features(batch, self.student_request()), teacher, progress)
 
-    def prepare_batch(self, batch: dict, teacher) -> dict:
+    def prepare_batch(self, batch: dict) -> dict:
         return batch
 
     def after_optimizer_step(self, progress: Progress) -> None:
@@ -103,6 +87,18 @@ class Method(nn.Module):
         if self.ctx.task.is_regression:
             return losses.mse(logits.squeeze(-1), labels.float())
         return losses.hard_cross_entropy(logits, labels)
+
+    def soft_label_loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                        form: Literal["kl", "scaled_kl", "cross_entropy"]) -> torch.Tensor:
+        """The teacher's predictions as targets: MSE to them for regression (STS-B), else, at temperature T,
+        "kl" (LRC-BERT eq. 4, CoDIR eq. 2), "scaled_kl" T²·KL (Hinton et al. 2015 §2) or "cross_entropy"
+        (TinyBERT eq. 10, BERT-PKD's L_DS)."""
+        if self.ctx.task.is_regression:
+            return losses.mse(student_logits, teacher_logits)
+        if form == "cross_entropy":
+            return losses.soft_cross_entropy(student_logits, teacher_logits, temperature)
+        kl = losses.kl_divergence(student_logits, teacher_logits, temperature)
+        return temperature ** 2 * kl if form == "scaled_kl" else kl
 
     def gather_batch(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The rows of the global batch (every process's share, in rank order) and where ours start.
@@ -128,8 +124,6 @@ class Method(nn.Module):
 
     def layer_map(self, explicit: list[int] | None) -> list[int]:
         """Teacher layer (1-based) for each student layer 1..M: explicit, or uniform every k-th."""
-        from distilkit.models.student import uniform_layer_map
-
         n_student, n_teacher = self.ctx.student.num_layers, self.ctx.teacher.num_layers
         mapping = explicit or uniform_layer_map(n_student, n_teacher)
         if len(mapping) != n_student or not all(1 <= t <= n_teacher for t in mapping):
@@ -152,19 +146,17 @@ _REGISTRY: dict[str, type[Method]] = {}
 
 
 def register_method(cls: type[Method]) -> type[Method]:
+    """Finds the method by name, and makes the config schema accept it with its `Params`."""
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"method name {cls.name!r} is already registered")
+    register_method_params(cls.name, cls.Params)
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def get_method(name: str) -> type[Method]:
-    import distilkit.methods  # noqa: F401  (registers the built-in methods)
-
     return _REGISTRY[name]
 
 
 def method_names() -> list[str]:
-    import distilkit.methods  # noqa: F401
-
     return sorted(_REGISTRY)

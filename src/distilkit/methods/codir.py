@@ -6,7 +6,8 @@ layers (all student layers; all teacher layers unless `teacher_layers` picks som
 heads φˢ, φᵗ map both to m dimensions: h₀ˢ, h₀ᵗ.
 Contrastive objective (eq. 4): InfoNCE with cosine similarity at temperature τ, the congruent pair
 (h₀ᵗ, h₀ˢ) against K negatives hⱼˢ, read from a memory bank M ∈ R^{N×m} of student representations
-indexed by example id. Only the positives are written back, with momentum β (eq. 5).
+indexed by example id. Only the positives are written back, with momentum β (eq. 5), after the
+training step that computed them (`after_optimizer_step`): scoring a loss on held-out data leaves the bank as it is.
 Negatives (§3.3): fine-tuning draws K training examples whose label differs from the positive's;
 pre-training draws them from the same mini-batch (the global batch under multi-process training)
 and still reads their representations from the bank.
@@ -15,8 +16,8 @@ for regression tasks CE and KD become MSE. CoDIR-Pre (`objective: pretrain`) rep
 student's MLM loss and distils the teacher's MLM distribution at the masked positions; each model's
 real MLM head is used when it has one, else the tied-embedding projection h_L·Eᵀ (models/mlm.py; our
 students are sequence classifiers, so theirs is always the projection on their own word embeddings). That needs
-batches with `mlm_labels` (token ids at masked positions, −100 elsewhere) from the unlabeled-corpus
-pipeline (issue 6); the loss side is here.
+batches with `mlm_labels` (token ids at masked positions, −100 elsewhere): an unlabeled corpus with
+data.mlm_probability set.
 
 Settings the paper does not print come from its released code (CRD defaults): τ = 0.07, β = 0.5,
 m = 128, and the bank starts uniform in ±1/√(m/3). The released code also writes the bank rows
@@ -73,6 +74,7 @@ class CoDIR(Method):
         self.other_label_pools: list[torch.Tensor] = []
         if params.negative_sampling == "other_label":
             self.other_label_pools = self._other_label_pools()
+        self.positives: list[tuple[torch.Tensor, torch.Tensor]] = []  # this step's (ids, h₀ˢ), for eq. (5)
         if params.objective == "pretrain" and params.negative_sampling != "batch":
             raise ValueError("CoDIR-Pre has no labels to pick negatives by: set method.negative_sampling=batch")
 
@@ -132,6 +134,19 @@ class CoDIR(Method):
         beta = self.params.momentum
         self.memory[ids] = beta * self.memory[ids] + (1 - beta) * reprs
 
+    def training_step(self, student_model, batch, teacher, progress):
+        """Keeps the positives h₀ˢ for the bank: `after_optimizer_step` writes them once the step is taken."""
+        student = student_model.features(batch, self.student_request())
+        if self.params.crd_weight:
+            student_repr = self.representation(student, self.student_layers, self.student_head)
+            self.positives.append((batch["example_ids"], student_repr.detach()))
+        return self.loss_terms(batch, student, teacher, progress)
+
+    def after_optimizer_step(self, progress):
+        for example_ids, student_repr in self.positives:
+            self.update_memory(example_ids, student_repr)
+        self.positives.clear()
+
     # eq. (1) --------------------------------------------------------------------------------------
 
     def loss_terms(self, batch, student, teacher, progress):
@@ -140,17 +155,13 @@ class CoDIR(Method):
         if p.crd_weight:
             student_repr = self.representation(student, self.student_layers, self.student_head)
             teacher_repr = self.representation(teacher, self.teacher_layers, self.teacher_head)
-            negatives = self.memory[self.negative_ids(batch)]  # read before this step's update
+            negatives = self.memory[self.negative_ids(batch)]  # the bank before this step's update
             crd = losses.info_nce(teacher_repr, student_repr, negatives, p.temperature)
-            self.update_memory(batch["example_ids"], student_repr.detach())
         if p.objective == "pretrain":
             task, kd = self.masked_lm_terms(batch, student, teacher)
             return weighted({"mlm": (1.0, task), "kd": (p.kd_weight, kd), "crd": (p.crd_weight, crd)})
         task = self.label_loss(student.logits, batch["labels"])
-        kd = None
-        if p.kd_weight:
-            kd = (losses.mse(student.logits, teacher.logits) if self.ctx.task.is_regression
-                  else losses.kl_divergence(student.logits, teacher.logits, p.kd_temperature))
+        kd = self.soft_label_loss(student.logits, teacher.logits, p.kd_temperature, "kl") if p.kd_weight else None
         return weighted({"ce": (1.0, task), "kd": (p.kd_weight, kd), "crd": (p.crd_weight, crd)})
 
     def masked_lm_terms(self, batch, student, teacher) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Fine-tuning on labels only: how teachers are trained, and the no-distillation student baseline."""
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method
@@ -9,10 +9,10 @@ from distilkit.methods.base import Method, register_method
 @register_method
 class Finetune(Method):
     name = "finetune"
-    needs_teacher = False
 
     class Params(MethodParams):
         name: Literal["finetune"] = "finetune"
+        needs_teacher: ClassVar[bool] = False
 
     def uses_labels(self):
         return True

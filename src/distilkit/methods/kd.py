@@ -41,9 +41,9 @@ class KD(Method):
 
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
-        if self.ctx.task.is_regression or p.objective == "logit_mse":
+        if p.objective == "logit_mse":
             soft = losses.mse(student.logits, teacher.logits)
         else:
-            soft = p.temperature ** 2 * losses.kl_divergence(student.logits, teacher.logits, p.temperature)
+            soft = self.soft_label_loss(student.logits, teacher.logits, p.temperature, "scaled_kl")
         hard = self.label_loss(student.logits, batch["labels"]) if p.hard_weight else None
         return weighted({"soft": (p.soft_weight, soft), "hard": (p.hard_weight, hard)})

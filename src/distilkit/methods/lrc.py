@@ -20,7 +20,7 @@ Choices the paper leaves open, made here:
   "the one-hot encoding of the real label", so L_hard is plain cross-entropy.
 - The pre-training stage (LRC-BERT vs LRC-BERT₁: COS-NCE only on unlabeled text) is this method with
   `first_stage_fraction: 1.0`: weights 1:0:0 throughout, and then `loss_terms` never reads labels or
-  logits and the teacher needs no classification head. The unlabeled-corpus recipe is issue 6's.
+  logits and the teacher needs no classification head (on an unlabeled corpus, task.name: unlabeled).
 - `intermediate_loss: mse` is the paper's BERT_M ablation (TinyBERT's hidden MSE instead of COS-NCE).
 
 Measured: on STS-B (regression) the perturbation at ε = 1 cost 14 points of Pearson and ε = 0.1 cost 1,
@@ -143,8 +143,7 @@ class LRC(Method):
                                                           student.attention_mask)
                               for s_layer, (t_layer, proj) in enumerate(zip(self.mapping, self.projections), start=1))
         if w.beta:
-            soft = (losses.mse(student.logits, teacher.logits) if self.ctx.task.is_regression
-                    else losses.kl_divergence(student.logits, teacher.logits, self.params.temperature))
+            soft = self.soft_label_loss(student.logits, teacher.logits, self.params.temperature, "kl")
         if w.gamma:
             hard = self.label_loss(student.logits, batch["labels"])
         return weighted({"transformer": (w.alpha, transformer), "soft": (w.beta, soft), "hard": (w.gamma, hard)})

@@ -53,10 +53,7 @@ class PKD(Method):
 
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
-        if self.ctx.task.is_regression:
-            soft = losses.mse(student.logits, teacher.logits)
-        else:
-            soft = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
+        soft = self.soft_label_loss(student.logits, teacher.logits, p.temperature, "cross_entropy")
         patient = sum(
             losses.pkd_normalized_distance(proj(student.cls(s_layer)), teacher.cls(t_layer))
             for s_layer, (t_layer, proj) in enumerate(zip(self.mapping, self.projections), start=1))

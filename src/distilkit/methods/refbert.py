@@ -30,6 +30,7 @@ from distilkit.methods.base import register_method
 from distilkit.methods.tinybert import TinyBERT
 from distilkit.models.features import FeatureRequest
 from distilkit.models.refbert import RefBERTStudent, References
+from distilkit.models.student import load_tokenizer
 from distilkit.train.cache import TeacherCache
 
 
@@ -52,8 +53,6 @@ def reference_texts(corpus: str, limit: int | None) -> list[Example]:
 def build_references(teacher, train_data: TokenizedDataset, corpus: str, limit: int | None,
                      max_length: int, store_dir: Path) -> tuple[References, np.ndarray]:
     """The BM25 index and teacher store over the corpus, and each training example's reference (-1: none)."""
-    from distilkit.models.student import load_tokenizer
-
     tokenizer = load_tokenizer(teacher.path)
     from_train = corpus == "train"
     examples = train_data.examples if from_train else reference_texts(corpus, limit)
@@ -100,5 +99,5 @@ class RefBERT(TinyBERT):
         ctx.student.references = references
         self.register_buffer("pairs", torch.from_numpy(pairs), persistent=False)
 
-    def prepare_batch(self, batch, teacher):
+    def prepare_batch(self, batch):
         return {**batch, "reference_ids": self.pairs[batch["example_ids"]]}

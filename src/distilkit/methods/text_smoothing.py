@@ -32,6 +32,8 @@ from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
 from distilkit.models.mlm import mlm_top_k, word_embeddings
+from distilkit.models.student import load_tokenizer
+from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache
 
 
@@ -44,8 +46,6 @@ def soft_word_embeddings(ids: torch.Tensor, weights: torch.Tensor, table: torch.
 
 def special_token_ids(teacher) -> torch.Tensor:
     """Ids that are never smoothed ([CLS], [SEP], [PAD], ...): from the teacher's tokenizer."""
-    from distilkit.models.student import load_tokenizer
-
     return torch.tensor(sorted(set(load_tokenizer(teacher.path).all_special_ids)), dtype=torch.long)
 
 
@@ -73,8 +73,6 @@ class TextSmoothing(Method):
         student = ctx.student
         teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
         if params.smoothing_teacher:
-            from distilkit.models.teacher import Teacher
-
             teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
         if not hasattr(student, "word_embeddings"):
             raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
@@ -116,8 +114,7 @@ class TextSmoothing(Method):
         p = self.params
         kd = None
         if p.kd_weight:
-            kd = (losses.mse(student.logits, teacher.logits) if self.ctx.task.is_regression
-                  else p.kd_temperature ** 2 * losses.kl_divergence(student.logits, teacher.logits, p.kd_temperature))
+            kd = self.soft_label_loss(student.logits, teacher.logits, p.kd_temperature, "scaled_kl")
         return weighted({"label": (p.label_weight, self.label_loss(student.logits, batch["labels"])),
                          "kd": (p.kd_weight, kd)})
 

@@ -100,9 +100,6 @@ class TinyBERT(Method):
             terms["hidden"] = (p.hidden_weight, hidden)
             terms["attention"] = (p.attention_weight, attention)
         if self._prediction(progress):
-            if self.ctx.task.is_regression:
-                prediction = losses.mse(student.logits, teacher.logits)
-            else:
-                prediction = losses.soft_cross_entropy(student.logits, teacher.logits, p.temperature)
-            terms["prediction"] = (p.prediction_weight, prediction)
+            terms["prediction"] = (p.prediction_weight, self.soft_label_loss(student.logits, teacher.logits,
+                                                                             p.temperature, "cross_entropy"))
         return weighted(terms)

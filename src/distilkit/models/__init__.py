@@ -1,1 +1,3 @@
-"""Teacher, students and the Features view of their internals."""
+"""Teacher, students and the Features view of their internals. Every student kind registers on import."""
+
+from distilkit.models import bilstm, refbert, student  # noqa: F401

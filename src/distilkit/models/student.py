@@ -209,6 +209,3 @@ def copy_teacher_layers(teacher: PreTrainedModel, student: PreTrainedModel, chos
 
 
 register_student("transformer", _build_transformer, TransformerStudent.load)
-
-from distilkit.models import bilstm  # noqa: E402,F401  (registers the SRA BiLSTM student)
-from distilkit.models import refbert  # noqa: E402,F401  (registers the RefBERT student kind)

@@ -31,7 +31,6 @@ class Teacher:
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
         self.mixed_precision = mixed_precision
         self.forward_passes = 0  # batches run through the model
-        self.examples_seen = 0
         self._fingerprint: str | None = None
 
     @property
@@ -52,7 +51,6 @@ class Teacher:
             raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
         self.forward_passes += 1
-        self.examples_seen += int(batch["input_ids"].shape[0])
         device = module_device(self.model)
         batch = to_device(batch, device)
         if inputs_embeds is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -30,9 +29,10 @@ from transformers import get_linear_schedule_with_warmup
 
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
-from distilkit.methods.base import Progress
+from distilkit.machine import peak_rss_mb
 from distilkit.precision import to_device
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from distilkit.train.progress import Progress
 from distilkit.train.tracking import end_tracking, start_tracking, train_values
 
 
@@ -132,18 +132,6 @@ def check_launch() -> None:
                           "several CPU processes only through mpirun): use `accelerate launch --multi_gpu "
                           "--num_processes N -m distilkit ...` (on a machine without GPUs it starts N CPU "
                           "processes) or `torchrun --nproc_per_node N -m distilkit ...`")
-
-
-def peak_rss_mb() -> float:
-    """This process's own peak resident memory. /proc's VmHWM, because getrusage's ru_maxrss in a
-    child started by fork/vfork + exec starts from the parent's peak (a bench runner's, say)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 
@@ -286,7 +274,7 @@ class Distiller:
         acc, cfg = self.accelerator, self.cfg.train
         terms_sum: dict[str, float] = {}
         for k, full_batch in enumerate(group):
-            batch = self.method.prepare_batch(self._split(full_batch), self.teacher_source.teacher)
+            batch = self.method.prepare_batch(self._split(full_batch))
             batch = to_device(batch, acc.device)
             teacher_features = to_device(self.teacher_source(batch), acc.device)
             sync = k == len(group) - 1
