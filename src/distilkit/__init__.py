@@ -1,7 +1,7 @@
 """distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept.
 
     from distilkit import distil
-    result = distil("configs/kd-sst2.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
+    result = distil("my-experiment.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
 """
 
 from importlib.metadata import version

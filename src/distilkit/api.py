@@ -122,15 +122,7 @@ def distil(config: str | Path | dict | ExperimentConfig | None = None, *, teache
             task[f"{name}_file"] = str(save_split(value, name))
         data["task"] = task
     experiment = build_config(data)
-    # Accelerate keeps one process-wide state and refuses another precision in the same process;
-    # a notebook distils again and again in one process, each run with its own train.mixed_precision
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state()
-    try:
-        metrics = run_experiment(experiment)
-    finally:
-        AcceleratorState._reset_state()
+    metrics = run_experiment(experiment)  # runs in turn in one process may differ in precision (make_accelerator)
     out = Path(experiment.output.dir)
     path = out / "best" if (out / "best").is_dir() else out / "final"
     student = load_student(path)
