@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
+"""`distilkit finetune | distill | evaluate | export | push | predict | submit | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,20 @@ from rich.console import Console
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
 console = Console(stderr=True, soft_wrap=True)  # an error stays on one line, however long
+
+def _print_version(value: bool) -> None:
+    if value:
+        from distilkit import __version__
+
+        print(f"distilkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="print the version and exit")] = False) -> None:
+    pass  # options of `distilkit` itself, before the command
+
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (or --preset NAME)")]
 PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (src/distilkit/presets/), "
@@ -190,6 +204,20 @@ def export(model: Annotated[Path, typer.Argument(help="a saved student folder")]
     except _user_errors() as err:
         _fail(err)
     print(json.dumps(written, indent=2))
+
+
+@app.command()
+def push(folder: Annotated[Path, typer.Argument(help="a saved student folder (a run's best/ or final/, or an export)")],
+         repo_id: Annotated[str, typer.Argument(help="Hub model repo, user/name (created if missing)")],
+         private: Annotated[bool, typer.Option(help="create the repo private")] = False) -> None:
+    """Publish a student (weights, tokenizer, model card) on the Hugging Face Hub; log in first (`hf auth login`)."""
+    from distilkit.card import push_to_hub
+
+    try:
+        url = push_to_hub(folder, repo_id, private)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"pushed": str(folder), "url": url}))
 
 
 @app.command()

@@ -63,10 +63,17 @@ class TaskConfig(StrictModel):
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
     metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
-    # custom task files; for squad / squad_v2, SQuAD-format JSON files used instead of <data>/squad/
+    # a custom task's data: files (.tsv/.csv/.jsonl, or .parquet/.arrow/.json read by `datasets`) ...
+    # (for squad / squad_v2: SQuAD-format JSON files used instead of <data>/squad/)
     train_file: str | None = None
     dev_file: str | None = None
     test_file: str | None = None
+    # ... or a `datasets.load_dataset` source: a Hub id (online) or a local dataset folder, its config,
+    # and which of its splits are train, dev and test
+    dataset: str | None = None
+    dataset_config: str | None = None
+    splits: dict[Literal["train", "dev", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
     # extractive QA (squad, squad_v2): windows over long contexts and answer post-processing
     doc_stride: int = Field(128, ge=0)  # tokens shared by consecutive windows of one context (run_qa's stride)
     max_answer_length: int = Field(30, ge=1)  # tokens
@@ -79,8 +86,9 @@ class TaskConfig(StrictModel):
         if self.name == "custom":
             if not self.text_columns or not 1 <= len(self.text_columns) <= 2:
                 raise ValueError("a custom task needs text_columns: one or two column names")
-            if not self.train_file:
-                raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
+            if bool(self.train_file) == bool(self.dataset):
+                raise ValueError("a custom task reads either task.train_file (.tsv/.csv/.jsonl/.parquet/.arrow/"
+                                 ".json) or task.dataset (a Hub id or dataset folder): set one of them")
             wrong = sorted(set(self.metrics or []) & (CLASSIFICATION_METRICS if self.labels is None
                                                       else REGRESSION_METRICS))
             if wrong:
@@ -202,6 +210,8 @@ class TrainConfig(StrictModel):
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
     log_every: int = Field(10, ge=1)
+    # where loss terms and eval metrics go besides log.jsonl (Accelerate trackers; see train/tracking.py)
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
     threads: int | None = Field(None, ge=1)
 
     @field_validator("mixed_precision", mode="before")
@@ -233,6 +243,7 @@ class OutputConfig(StrictModel):
     dir: str = "runs/experiment"
     # a finished run in dir is kept unless overwrite is set; an unfinished one is resumed
     overwrite: bool = False
+    push_to_hub: str | None = None  # a Hub repo id (user/name): the best student is uploaded there, card included
 
 
 class ExperimentConfig(StrictModel):

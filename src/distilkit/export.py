@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distilkit.card import CARD_FILE, write_card
 from distilkit.models.features import Features, head_logits
 from distilkit.models.student import TransformerStudent, load_student, read_metadata
 
@@ -33,6 +34,10 @@ def copy_pretrained(source: Path, destination: Path) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     student.save(destination, tokenizer, {k: v for k, v in read_metadata(source).items() if k != "kind"})
+    if (source / CARD_FILE).is_file():
+        shutil.copyfile(source / CARD_FILE, destination / CARD_FILE)
+    else:  # a folder saved before cards existed: a card from what its distilkit.json records
+        write_card(destination)
     return destination
 
 

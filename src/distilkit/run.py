@@ -6,6 +6,7 @@ environment, per-step logs and the final metrics.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
 from distilkit.config import DataConfig, ExperimentConfig, dump_config
 from distilkit.data.augment import augmented_examples
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
@@ -24,6 +26,7 @@ from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
+from distilkit.evaluate.against_teacher import measure_against_teacher
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method
@@ -165,10 +168,28 @@ def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[s
 
 
 def student_metadata(run: BuiltRun) -> dict:
-    return {"task": run.task.name, "labels": list(run.task.labels) if run.task.labels else None,
-            "max_length": run.config.data.max_length, "method": run.config.method.name,
-            "teacher": run.config.teacher.model,
+    """What a saved student records of its making (`distilkit.json`); its model card reads it."""
+    config = run.config
+    origin = {"pretrained": config.student.pretrained, "teacher_layers": config.teacher.model}.get(config.student.init)
+    doc = (inspect.getmodule(get_method(config.method.name)).__doc__ or "").strip()
+    return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
+            "max_length": config.data.max_length, "method": config.method.name,
+            "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
+            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.model,
+            "teacher_base_model": model_origin(config.teacher.model), "base_model": model_origin(origin),
             **({"doc_stride": run.task.doc_stride} if run.task.answer_spans else {})}
+
+
+def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
+    """Model cards for the run's best/ and final/ students; pushes best/ when output.push_to_hub names a repo."""
+    common = {"metrics": metrics, "config_text": dump_config(config), "command": command_line(),
+              "machine": environment()["cpu"]}
+    if (out / "best").is_dir():
+        write_card(out / "best", metrics["best_scores"], **common)
+    write_card(out / "final", metrics["final"], **common)
+    if config.output.push_to_hub:
+        folder = out / "best" if (out / "best").is_dir() else out / "final"
+        print(f"pushed {folder} to {push_to_hub(folder, config.output.push_to_hub)}")
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
@@ -225,5 +246,10 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "seed": config.train.seed,
     }
+    best_eval = next((e for e in summary["evals"] if e["step"] == summary["best_step"]), {})
+    metrics["best_scores"] = {k: v for k, v in best_eval.items() if k != "step"}  # every metric at best.step
+    metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
+                                           config.eval.batch_size))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    share_students(out, config, metrics)
     return metrics

@@ -1,9 +1,10 @@
 """The task registry: what a task's files look like and how it is scored.
 
-The nine GLUE tasks are registered here with the column names, canonical label order and
-official metrics of the GLUE tsv files. Custom tasks (csv/jsonl with named columns) are
-described by the same `TaskSpec`, built from the config. The config schema checks task names
-against `named_task` (GLUE and SQuAD), registered at the bottom of this file.
+The nine GLUE tasks are registered here with the column names, label values and official
+metrics of the GLUE tsv files, and the label names GLUE publishes (the `datasets` GLUE features),
+which saved students carry in `id2label`. Custom tasks (files or `datasets` sources with named
+columns) are described by the same `TaskSpec`, built from the config. The config schema checks task
+names against `named_task` (GLUE and SQuAD), registered at the bottom of this file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class TaskSpec:
     name: str
     text_columns: tuple[str, ...]
     label_column: str
-    labels: tuple[str, ...] | None  # None: regression (one output)
+    labels: tuple[str, ...] | None  # the label values as the data files write them; None: regression
     metrics: tuple[str, ...]  # the first one selects the best checkpoint
     folder: str = ""  # GLUE folder name under <data>/glue/
     # split name -> file names to try, first found wins (reduced/subset files are fallbacks); a custom
@@ -39,6 +40,16 @@ class TaskSpec:
     max_answer_length: int = 30  # tokens
     n_best: int = 20  # start and end candidates per window
     no_answer_threshold: float = 0.0  # answer "no answer" when null score − best span score exceeds it
+    # a custom task read by `datasets.load_dataset`: Hub id or folder, its config, split name -> its split
+    dataset: str | None = None
+    dataset_config: str | None = None
+    dataset_splits: dict[str, str] = field(default_factory=dict)
+    # what each class id means (id2label of a saved model); default: the label values themselves
+    names: tuple[str, ...] | None = None
+
+    @property
+    def label_names(self) -> tuple[str, ...] | None:
+        return self.names or self.labels
 
     @property
     def is_regression(self) -> bool:
@@ -66,12 +77,13 @@ GLUE_TASKS: dict[str, TaskSpec] = {
     for spec in [
         TaskSpec(
             "cola", ("sentence",), "label", ("0", "1"), ("matthews",), "CoLA", _STANDARD,
-            headerless_columns=("source", "label", "original_label", "sentence"), hub_name="cola",
+            headerless_columns=("source", "label", "original_label", "sentence"), hub_name="cola", names=("unacceptable", "acceptable"),
         ),
-        TaskSpec("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",), "SST-2", _STANDARD, hub_name="sst2"),
+        TaskSpec("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",), "SST-2", _STANDARD, hub_name="sst2",
+                 names=("negative", "positive")),
         TaskSpec(
             "mrpc", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("f1", "accuracy"), "MRPC", _STANDARD,
-            hub_name="mrpc",
+            hub_name="mrpc", names=("not_equivalent", "equivalent"),
         ),
         TaskSpec(
             "stsb", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"), "STS-B", _STANDARD,
@@ -79,9 +91,11 @@ GLUE_TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec(
             "qqp", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy"), "QQP", _STANDARD,
-            hub_name="qqp",
+            hub_name="qqp", names=("not_duplicate", "duplicate"),
         ),
         TaskSpec(
+            # ids in the tsv's alphabetical order, as every MNLI model distilkit trained so far predicts them;
+            # the hub orders the same names entailment, neutral, contradiction (read_hub maps by name)
             "mnli", ("sentence1", "sentence2"), "gold_label", ("contradiction", "entailment", "neutral"),
             ("accuracy",), "MNLI",
             {
@@ -102,7 +116,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
             _STANDARD, hub_name="rte",
         ),
         TaskSpec("wnli", ("sentence1", "sentence2"), "label", ("0", "1"), ("accuracy",), "WNLI", _STANDARD,
-                 hub_name="wnli"),
+                 hub_name="wnli", names=("not_entailment", "entailment")),
     ]
 }
 
@@ -157,7 +171,8 @@ def task_spec(task: TaskConfig) -> TaskSpec:
     metrics = tuple(task.metrics or (["pearson", "spearman"] if labels is None else ["accuracy"]))
     files = {"train": task.train_file, "dev": task.dev_file, "test": task.test_file}
     return TaskSpec("custom", tuple(task.text_columns), task.label_column, labels, metrics,
-                    split_files={split: (file,) for split, file in files.items() if file})
+                    split_files={split: (file,) for split, file in files.items() if file},
+                    dataset=task.dataset, dataset_config=task.dataset_config, dataset_splits=dict(task.splits))
 
 
 register_task_lookup(named_task)

@@ -51,7 +51,8 @@ def label_settings(task: TaskSpec) -> dict:
     if task.is_regression:
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
     return {"num_labels": task.num_labels, "problem_type": "single_label_classification",
-            "id2label": dict(enumerate(task.labels)), "label2id": {l: i for i, l in enumerate(task.labels)}}
+            "id2label": dict(enumerate(task.label_names)),
+            "label2id": {name: i for i, name in enumerate(task.label_names)}}
 
 
 class Student(nn.Module):
