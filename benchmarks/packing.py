@@ -147,9 +147,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = {"command": "python benchmarks/packing.py", "machine": {**environment(), "avx512_bf16_vnni": cpu_flags()},
                "threads": args.threads, "batch_size": 32, "max_length": args.max_length,
-               "tasks": {name: run_task(name, args.arms, args) for name in args.tasks}}
+               "tasks": {}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    for name in args.tasks:  # written after each task, so a stopped run keeps what it measured
+        results["tasks"][name] = run_task(name, args.arms, args)
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

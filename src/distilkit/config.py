@@ -206,9 +206,10 @@ class TrainConfig(StrictModel):
     # auto: bf16 on a GPU that has it, fp16 (with loss scaling) on one that does not, bf16 on a CPU that
     # computes it natively, else no (fp32). The resolved config records what ran.
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
-    # each batch's sequences run side by side in a few rows with a block-diagonal attention mask: no compute on
-    # padding, the same outputs (models/features.py); students and families that cannot run padded, saying so
-    packing: bool = True
+    # the student's batches run as a few rows of whole sequences with a block-diagonal attention mask: no compute
+    # on padding, the same outputs (models/features.py). Off by default: on this CPU length-bucketed padded
+    # batches are faster still (benchmarks/results/packing); with data.bucket_batches 1 it is 1.27x faster
+    packing: bool = False
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)

@@ -135,9 +135,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             and student_config.vocab_size < len(tokenizer):
         raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
                          f"{tokenizer_source} has {len(tokenizer)} tokens: use a student built for that tokenizer")
-    student.use_packing(config.train.packing)
-    if teacher is not None:
-        teacher.packing = config.train.packing
+    student.use_packing(config.train.packing)  # the teacher runs padded: its cache is filled once, bitwise as live
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
