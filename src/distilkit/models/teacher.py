@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import resolve_model
+from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device
 
 
@@ -24,8 +26,17 @@ class Teacher:
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
         loader = AutoModelForSequenceClassification if self.has_head else AutoModel
-        self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+        masked_lm = None
+        if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
+            # loaded with its MLM head; the encoder below it is the teacher's model
+            masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+            masked_lm.eval().to(device).requires_grad_(False)
+            self.model = masked_lm.base_model
+        else:
+            self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
         self.model.requires_grad_(False)
+        self._masked_lm = masked_lm
+        self._mlm: MLMDistribution | None = None
         if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
@@ -36,6 +47,13 @@ class Teacher:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def mlm(self) -> MLMDistribution:
+        """P_MLM(·|x): the fitted head beside the teacher, its own MLM head, else the tied projection (logged)."""
+        if self._mlm is None:
+            self._mlm = teacher_mlm(self.path, self.model, self._masked_lm, self.name)
+        return self._mlm
 
     @property
     def num_layers(self) -> int:
@@ -64,7 +82,9 @@ class Teacher:
         if self._fingerprint is None:
             digest = hashlib.sha256(json.dumps(self.model.config.to_diff_dict(), sort_keys=True,
                                                default=str).encode())
-            for key, tensor in sorted(self.model.state_dict().items()):
+            has_mlm_head = self._masked_lm is not None or (Path(self.path) / HEAD_FILE).is_file()
+            head = self.mlm.head.state_dict() if has_mlm_head else {}
+            for key, tensor in sorted(self.model.state_dict().items()) + sorted(head.items()):
                 digest.update(key.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             digest.update(self.mixed_precision.encode())
