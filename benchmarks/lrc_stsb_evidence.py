@@ -47,7 +47,7 @@ def main() -> None:
     runs = sorted(RUNS.glob("stsb-lrc*"))
     if not runs or not (TEACHER / "config.json").is_file():
         raise SystemExit(f"needs the STS-B teacher ({TEACHER}) and the stsb-lrc* cells under {RUNS}: run "
-                         "`distilkit bench benchmarks/suites/glue-methods.yaml --cell stsb-lrc-S3-384 ...` first")
+                         "`distilkit bench glue-methods --cell stsb-lrc-S3-384 ...` first")
     _, train = model_split("stsb", TEACHER, split="train")
     result = {"dev_pearson_by_step": {run.name: dev_history(run) for run in runs},
               "train_label_variance": statistics.pvariance(float(label) for label in train.labels),

@@ -1,4 +1,4 @@
-"""Benchmarks on tiny models: ONNX parity and int8, the report from fixture records, the suite runner
+"""Benchmarks on tiny models: ONNX parity and int8, the report from fixture records, the plan runner
 (records, skipping finished cells and formats), and GLUE submission files."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from distilkit.bench import Bench, load_suite
+from distilkit.plans import Plans, load_plan
 from distilkit.data.tasks import glue_task
 from distilkit.evaluate import profile
 from distilkit.evaluate.report import render_report
@@ -133,53 +133,65 @@ def test_report_says_which_runs_came_from_another_machine_or_dtype(tmp_path):
     assert "Training dtype: bf16 autocast. Runs: sst2-kd-S3-384, sst2-finetune-S3-384." in report
 
 
-# bench -----------------------------------------------------------------------------------------
+# plans with deployment measurements -------------------------------------------------------------
 
-def tiny_suite(tmp_path, glue_dir, teacher):
-    suite = {
+def tiny_speed_plan(tmp_path, glue_dir, teacher):
+    plan = {
         "name": "tiny", "output": str(tmp_path / "work"), "results": str(tmp_path / "results"),
         "defaults": {"data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 64},
                      "train": {"epochs": 1, "batch_size": 16, "learning_rate": 1e-3, "mixed_precision": "no",
                                "log_every": 1}},
-        "teacher": {"name": "tiny teacher", "paths": {"sst2": str(teacher)}},
-        "tasks": {"sst2": {}},
-        "methods": {"kd": {"temperature": 2.0}},
-        "students": {"L2": {"layers": 2, "init": "teacher_layers"}},
-        "overrides": [{"method": "kd", "set": {"train": {"learning_rate": 2e-3}}}],
-        "speed": {"formats": ["pytorch_fp32", "onnx_int8"], "sentences": 4, "warmup": 1, "throughput_sentences": 16},
+        "cells": [{"name": "{task}-{method}-{student}", "dir": "runs/{name}", "axes": {
+            "task": {"sst2": {"task": {"name": "sst2"}, "teacher": {"model": str(teacher)}}},
+            "method": {"kd": {"method": {"name": "kd", "temperature": 2.0}}},
+            "student": {"L2": {"student": {"layers": 2, "init": "teacher_layers"}}}},
+            "overrides": [{"when": {"method": "kd"}, "set": {"train": {"learning_rate": 2e-3}}}]}],
+        "speed": {"formats": ["pytorch_fp32", "onnx_int8"], "sentences": 4, "warmup": 1, "throughput_sentences": 16,
+                  "teacher_name": "tiny teacher"},
     }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
     return path
 
 
-def test_suite_matrix_with_overrides_and_teacher_stage(tmp_path, glue_dir, tiny_teacher):
-    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
-    data = yaml.safe_load(suite_path.read_text())
-    data["methods"]["finetune"] = {}
-    data["methods"]["kd-t5"] = {"name": "kd", "temperature": 5.0}
-    data["students"]["L1"] = {"layers": 1, "init": "random"}
-    data["tasks"]["stsb"] = {"data": {"max_train_examples": 32}}
-    data["teacher"]["config"] = {"train": {"epochs": 2}}
-    suite_path.write_text(yaml.safe_dump(data))
-    bench = Bench(load_suite(suite_path), suite_path)
-    cells = bench.cells()
-    assert len(cells) == 2 * 3 * 2 and "stsb-kd-t5-L1" in cells
-    assert cells["sst2-kd-L2"].config.train.learning_rate == 2e-3  # the per-cell override (method kd)
+def test_plan_matrix_with_overrides_seeds_and_a_teacher_cell(tmp_path, glue_dir, tiny_teacher):
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    group = data["cells"][0]
+    group["axes"]["method"]["finetune"] = {"method": {"name": "finetune"}}
+    group["axes"]["method"]["kd-t5"] = {"method": {"name": "kd", "temperature": 5.0}}
+    group["axes"]["student"]["L1"] = {"student": {"layers": 1, "init": "random"}}
+    group["axes"]["task"]["stsb"] = {"task": {"name": "stsb"}, "data": {"max_train_examples": 32},
+                                     "teacher_from": "teacher-{task}"}
+    group["seeds"] = [42, 7]
+    group["exclude"] = [{"task": "stsb", "method": "finetune"}]
+    data["cells"].insert(0, {"name": "teacher-stsb", "dir": "teachers/stsb", "set": {
+        "task": {"name": "stsb"}, "data": {"max_train_examples": 32}, "student": {"init": "pretrained",
+        "pretrained": "minilm-l6"}, "method": {"name": "finetune"}, "train": {"epochs": 2}}})
+    path.write_text(yaml.safe_dump(data))
+    plans = Plans(load_plan(path), path)
+    cells = plans.cells()
+    # the teacher, then (2 tasks x 3 methods - stsb-finetune) x 2 students x 2 seeds
+    assert len(cells) == 1 + (2 * 3 - 1) * 2 * 2 and "stsb-kd-t5-L1-seed7" in cells
+    assert "stsb-finetune-L2" not in cells and "stsb-finetune-L1-seed7" not in cells  # excluded
+    assert cells["sst2-kd-L2"].config.train.learning_rate == 2e-3  # the override (method kd)
     assert cells["sst2-kd-t5-L2"].config.train.learning_rate == 1e-3  # another label: not matched
     assert cells["sst2-kd-t5-L2"].config.method.temperature == 5.0
-    assert cells["stsb-finetune-L1"].config.data.max_train_examples == 32
+    assert cells["sst2-kd-L2"].config.train.seed == 42 and cells["sst2-kd-L2-seed7"].config.train.seed == 7
+    assert cells["sst2-kd-L2-seed7"].dir == tmp_path / "work" / "runs" / "sst2-kd-L2-seed7"
+    assert cells["stsb-kd-L1"].config.data.max_train_examples == 32
     assert cells["sst2-kd-L2"].config.teacher.model == str(tiny_teacher)  # a given teacher folder
+    # a teacher cell of the plan: its best checkpoint, and it is trained before the cells that use it
     assert cells["stsb-kd-L2"].config.teacher.model == str(tmp_path / "work" / "teachers" / "stsb" / "best")
-    teacher = bench.teacher_config("stsb")  # the suite fine-tunes this one, with the same data cap
+    assert cells["stsb-kd-L2"].upstream == ["teacher-stsb"]
+    teacher = cells["teacher-stsb"].config
     assert teacher.method.name == "finetune" and teacher.student.pretrained == "minilm-l6"
     assert teacher.train.epochs == 2 and teacher.data.max_train_examples == 32
-    assert teacher.output.dir == str(tmp_path / "work" / "teachers" / "stsb")
 
 
-def test_bench_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, tiny_teacher, monkeypatch):
-    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
-    records = Bench(load_suite(suite_path), suite_path).run()
+def test_plan_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    records = Plans(load_plan(path), path).run()
     assert len(records) == 1
     kd = json.loads((tmp_path / "results" / "records" / "sst2-kd-L2.json").read_text())
     assert kd["teacher"]["name"] == "tiny teacher" and kd["teacher"]["dev_score"] == kd["teacher"]["dev"]["accuracy"]
@@ -199,10 +211,10 @@ def test_bench_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, 
     # a rerun trains nothing and measures nothing
     def forbidden(*args, **kwargs):
         raise AssertionError("a finished cell was redone")
-    monkeypatch.setattr("distilkit.bench.subprocess.run", forbidden)
+    monkeypatch.setattr("distilkit.plans.subprocess.run", forbidden)
     monkeypatch.setattr(profile, "format_record", forbidden)
     before = {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()}
-    Bench(load_suite(suite_path), suite_path).run()
+    Plans(load_plan(path), path).run()
     assert {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()} == before
 
     # a missing format is measured alone, without retraining
@@ -210,24 +222,22 @@ def test_bench_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, 
     (tmp_path / "results" / "records" / "sst2-kd-L2.json").write_text(json.dumps(kd))
     measured = []
     monkeypatch.setattr(profile, "format_record", lambda fmt, *args, **kwargs: measured.append(fmt) or int8)
-    Bench(load_suite(suite_path), suite_path).run()
+    Plans(load_plan(path), path).run()
     assert measured == ["onnx_int8"]
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "suites").glob("*.yaml")),
-                         ids=lambda p: p.name)
-def test_shipped_suites_are_valid(path):
-    assert Bench(load_suite(path), path).cells()
-
-
-def test_suite_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
-    suite_path = tiny_suite(tmp_path, glue_dir, tiny_teacher)
-    data = yaml.safe_load(suite_path.read_text())
-    data["methods"]["kd"]["temperature"] = -1
-    suite_path.write_text(yaml.safe_dump(data))
+def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    data["cells"][0]["axes"]["method"]["kd"]["method"]["temperature"] = -1
+    path.write_text(yaml.safe_dump(data))
     from distilkit.config import ConfigError
     with pytest.raises(ConfigError, match="cell sst2-kd-L2: .*temperature"):
-        Bench(load_suite(suite_path), suite_path).cells()
+        Plans(load_plan(path), path).cells()
+    data["cells"][0]["axes"]["method"]["kd"] = {"method": {"name": "kd"}, "teacher_from": "no-such-cell"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="no cell named 'no-such-cell' \\(referenced by sst2-kd-L2\\)"):
+        Plans(load_plan(path), path).cells()
 
 
 # submission ------------------------------------------------------------------------------------
@@ -268,3 +278,17 @@ def test_cli_submit_and_predict_int8(tmp_path, glue_dir, tiny_teacher):
     result = run(app, ["predict", str(exported), "the film was good", "a dull plot", "--int8"])
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["label"] in ("0", "1") for line in result.output.splitlines()] == [True, True]
+
+
+@pytest.mark.parametrize("name", ["foundation", "general", "sra", "smoothing-refbert", "glue-methods"])
+def test_committed_reports_regenerate_from_their_committed_records(name, tmp_path, monkeypatch):
+    """Acceptance 4 of issue 20: every table of a committed report.md comes back from its records alone."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    results = root / "benchmarks" / "results" / name
+    shutil.copytree(results / "records", tmp_path / "records")
+    plans = Plans(load_plan(name, [f"results={tmp_path}"]))
+    plans.render()
+    assert (tmp_path / "report.md").read_text() == (results / "report.md").read_text()

@@ -367,14 +367,14 @@ def test_codir_pretrain_loss_side_on_a_tiny_model(tiny_pair):
 
 
 def test_presets_carry_each_papers_settings():
-    from distilkit.recipe import load_recipe, stage_configs
+    from distilkit.plans import Plans, load_plan
 
     lrc = load_config(PRESETS / "lrc.yaml", [f"teacher.model={ROOT}"]).method
     assert (lrc.first_stage_fraction, lrc.temperature, lrc.perturbation, lrc.epsilon) == (0.8, 1.1, True, 1.0)
     assert (lrc.second_stage.alpha, lrc.second_stage.beta, lrc.second_stage.gamma) == (1, 1, 3)
     assert (lrc.first_stage.alpha, lrc.first_stage.beta, lrc.first_stage.gamma) == (1, 0, 0)
     assert load_config(PRESETS / "lrc.yaml", [f"teacher.model={ROOT}"]).train.batch_size == 16  # K = 15
-    pre, task = (c.method for _, c in stage_configs(load_recipe(PRESETS / "lrc-pretrain.yaml")))
+    pre, task = (c.config.method for c in Plans(load_plan("lrc-pretrain")).cells().values())
     assert pre.first_stage_fraction == 1.0 and (pre.first_stage.beta, pre.first_stage.gamma) == (0, 0)
     assert task.first_stage_fraction == 0.8
     codir = load_config(PRESETS / "codir.yaml", [f"teacher.model={ROOT}"]).method

@@ -79,6 +79,14 @@ def test_mixed_precision_choices_and_auto_resolution():
         assert resolved == ("bf16" if cpu_has_native_bf16() else "no")
 
 
+def test_runs_in_turn_in_one_process_each_get_their_own_precision(tmp_path, small_glue, tiny_teacher):
+    """Accelerate keeps one precision per process; a recipe, a bench or a test session runs trainings in turn."""
+    for precision in ("no", "bf16", "no"):
+        out = tmp_path / precision / str(len(list(tmp_path.glob("*/*"))))
+        run_experiment(build_config(tiny_config(small_glue, tiny_teacher, out, max_steps=1, mixed_precision=precision)))
+        assert yaml.safe_load((out / "config.yaml").read_text())["train"]["mixed_precision"] == precision
+
+
 # the stop at a non-finite loss ------------------------------------------------------------------------------------
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_outputs(tmp_path, small_glue, tiny_teacher):

@@ -1,38 +1,45 @@
-"""Every YAML config we ship (examples and benchmark configs) validates against the schema."""
+"""Every config we ship validates: presets (reached by name), and every cell of every plan (shipped and
+benchmark plans) resolves to a valid experiment config."""
 
 from pathlib import Path
 
 import pytest
 
-import yaml
-
 from distilkit.config import load_config
-from distilkit.recipe import load_recipe, stage_configs
+from distilkit.plans import Plans, find_preset, load_plan, shipped_plans
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "benchmarks" / "configs").rglob("*.yaml"))
 PRESETS = sorted((ROOT / "src" / "distilkit" / "presets").glob("*.yaml"))
-# two kinds of preset: recipes (a `stages:` list) and one method's settings to add a task and teacher to
-RECIPES = [p for p in PRESETS if "stages" in (yaml.safe_load(p.read_text()) or {})]
-METHOD_PRESETS = [p for p in PRESETS if p not in RECIPES]
+PLANS = sorted((ROOT / "src" / "distilkit" / "presets" / "plans").glob("*.yaml")) + sorted(
+    (ROOT / "benchmarks" / "plans").glob("*.yaml"))
+# presets that are one method's settings, to add a task and a teacher to
+METHOD_PRESETS = {"codir", "codir-pretrain", "lrc"}
 
 
-def test_there_are_shipped_configs():
-    assert len(SHIPPED) >= 4
+def test_there_are_shipped_configs_and_plans():
+    assert len(PRESETS) >= 6 and len(PLANS) >= 8
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_shipped_config_is_valid(path):
-    config = load_config(path)
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_shipped_preset_is_valid(path):
+    overrides = ["task.name=mrpc", "teacher.model=some/teacher"] if path.stem in METHOD_PRESETS else []
+    config = load_config(find_preset(path.stem), overrides)
     assert config.method.name
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
-def test_shipped_recipe_is_valid(path):
-    assert len(stage_configs(load_recipe(path))) >= 2
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+def test_plan_cells_resolve_to_valid_configs(path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # benchmark plans include each other by name, from the repository root
+    plan = load_plan(path)
+    plans = Plans(plan, path)
+    cells = plans.cells()
+    assert (cells or plan.steps) and plan.name == path.stem
+    for cell in cells.values():
+        assert cell.config.output.dir.startswith(plan.output)
+    for step in plan.steps:  # the cells a measurement step names exist
+        assert all(plans.cell(name) for name in plans.referenced(step))
 
 
-@pytest.mark.parametrize("path", METHOD_PRESETS, ids=lambda p: p.name)
-def test_shipped_method_preset_is_valid(path):
-    config = load_config(path, ["task.name=mrpc", "teacher.model=some/teacher"])
-    assert config.method.name in path.name
+def test_plans_are_reached_by_name(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert {"demo", "tinybert", "lrc-pretrain", "sra-recipe", "glue-methods", "general"} <= set(shipped_plans())

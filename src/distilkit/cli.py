@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | recipe | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
+"""`distilkit finetune | distill | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
 console = Console(stderr=True)
 
-ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (see configs/)")]
+ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (or --preset NAME)")]
+PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (src/distilkit/presets/), "
+                                                   "e.g. kd-sst2; --set changes its fields")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a field: section.field=value")]
 
 
@@ -35,11 +37,16 @@ def _fail(err: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _train(config_path: Path | None, overrides: list[str], force_method: str | None) -> None:
+def _train(config_path: Path | None, overrides: list[str], force_method: str | None, preset: str | None) -> None:
     from distilkit.config import load_config
+    from distilkit.plans import find_preset
     from distilkit.run import run_experiment
 
     try:
+        if preset:
+            if config_path:
+                raise ValueError("give a config file or --preset, not both")
+            config_path = find_preset(preset)
         overrides = list(overrides)
         if force_method:
             overrides.append(f"method.name={force_method}")
@@ -54,29 +61,15 @@ def _train(config_path: Path | None, overrides: list[str], force_method: str | N
 
 
 @app.command()
-def finetune(config: ConfigArg = None, set_: SetOpt = None) -> None:
+def finetune(config: ConfigArg = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Fine-tune on labels only (a teacher, or the no-distillation student baseline)."""
-    _train(config, set_ or [], "finetune")
+    _train(config, set_ or [], "finetune", preset)
 
 
 @app.command()
-def distill(config: ConfigArg = None, set_: SetOpt = None) -> None:
+def distill(config: ConfigArg = None, preset: PresetOpt = None, set_: SetOpt = None) -> None:
     """Distil a teacher into a student with the method the config names."""
-    _train(config, set_ or [], None)
-
-
-@app.command()
-def recipe(file: Annotated[Path, typer.Argument(help="recipe YAML: output, defaults, stages")],
-           set_: SetOpt = None) -> None:
-    """Run a multi-stage recipe (e.g. general distillation → task distillation); resumes where it stopped."""
-    from distilkit.recipe import load_recipe, run_recipe
-
-    try:
-        summary = run_recipe(load_recipe(file, set_ or []))
-    except _user_errors() as err:
-        _fail(err)
-    print(json.dumps({name: {"final": m.get("final"), "best": m.get("best")} for name, m in summary.items()},
-                     indent=2))
+    _train(config, set_ or [], None, preset)
 
 
 @app.command()
@@ -254,15 +247,18 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
 
 
 @app.command()
-def bench(suite: Annotated[Path, typer.Argument(help="suite YAML (see benchmarks/suites/)")],
-          cell: Annotated[list[str] | None, typer.Option(help="run only these cells (task-method-student)")] = None
+def bench(plan: Annotated[str, typer.Argument(help="a plan by name (benchmarks/plans/, presets/plans/) or a YAML path")],
+          cell: Annotated[list[str] | None, typer.Option(help="run only these cells (and the cells they use)")] = None,
+          set_: SetOpt = None,
+          report_only: Annotated[bool, typer.Option(help="only render the report from the committed records")] = False
           ) -> None:
-    """Run a benchmark suite (tasks × methods × students): one JSON record per run, report and plots.
-    Finished cells and finished speed measurements are skipped on a rerun."""
-    from distilkit.bench import run_bench
+    """Run a plan: its cells (a matrix of tasks × methods × students × seeds, and stages that start from
+    other cells), its measurement steps, then its records and report. A cell is skipped when it finished
+    with the same config; a changed cell runs again alone (the earlier run is moved aside, not lost)."""
+    from distilkit.plans import run_plan
 
     try:
-        records = run_bench(suite, cell)
+        records = run_plan(plan, cell, set_ or [], report_only)
     except _user_errors() as err:
         _fail(err)
     print(json.dumps({"records": len(records)}))
@@ -271,13 +267,14 @@ def bench(suite: Annotated[Path, typer.Argument(help="suite YAML (see benchmarks
 @app.command()
 def demo(data: Annotated[str | None, typer.Option(help="data folder holding glue/SST-2 (default $DISTILKIT_DATA)")] = None,
          output: Annotated[Path, typer.Option(help="where the demo's runs go")] = Path("runs/demo"),
-         budget: Annotated[str, typer.Option(help="fast: capped SST-2, < 15 min on 2 cores; full: all of SST-2")] = "fast"
-         ) -> None:
-    """End to end on SST-2: fine-tune the MiniLM teacher, distil it with KD into S3-384, compare."""
+         budget: Annotated[str, typer.Option(help="fast: capped SST-2, < 15 min on 2 cores; full: all of SST-2")] = "fast",
+         set_: SetOpt = None) -> None:
+    """End to end on SST-2: fine-tune the MiniLM teacher, distil it with KD into S3-384, compare.
+    Runs the shipped plan `demo` (--set changes its fields), then times the three models side by side."""
     from distilkit.demo import run_demo
 
     try:
-        run_demo(data, output, budget)
+        run_demo(data, output, budget, set_ or [])
     except _user_errors() as err:
         _fail(err)
 

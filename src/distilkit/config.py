@@ -271,7 +271,7 @@ def _describe(err: ValidationError, prefix: str = "") -> str:
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """`a.b=value` pairs; values parse as YAML (numbers, lists, null). A number indexes a list
-    (`stages.1.train.epochs=3` sets the second stage of a recipe)."""
+    (`cells.1.set.train.epochs=3` sets a field of a plan's second cell group)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")

@@ -1,13 +1,9 @@
-"""`distilkit demo`: the whole story on SST-2 with the embedded MiniLM teacher.
+"""`distilkit demo`: runs the shipped demo plan (presets/plans/demo.yaml), then scores the teacher and
+both students on SST-2 dev and times them side by side in this process.
 
-1. fine-tune all-MiniLM-L6-v2 (T6) on SST-2 → the teacher;
-2. distil it with Hinton KD into S3-384 (3 layers copied from the teacher, DistilBERT-style);
-3. fine-tune the same student on labels only (the no-distillation baseline);
-4. score all three on the dev set and time them side by side in this process.
-
-Each stage is an ordinary experiment config run by `run_experiment`, so a stage that finished is
-skipped on a rerun and an interrupted one resumes. `budget="fast"` caps the train set (the same
-seeded subset for every stage) so the demo ends in minutes on 2 CPU cores.
+The plan's cells are ordinary experiment configs, so a cell that finished is skipped on a rerun and an
+interrupted one resumes. `budget="fast"` keeps the plan's seeded 8,000-example cap (the demo ends in
+minutes on 2 CPU cores); "full" trains on all of SST-2.
 """
 
 from __future__ import annotations
@@ -18,77 +14,32 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from distilkit.config import build_config
-
-BUDGETS = {
-    # train examples (None = all 67,349), teacher epochs, student epochs
-    "fast": {"max_train_examples": 8000, "teacher_epochs": 1, "student_epochs": 2},
-    "full": {"max_train_examples": None, "teacher_epochs": 1, "student_epochs": 2},
-}
+BUDGETS = {"fast": [], "full": ["defaults.data.max_train_examples=null"]}
+NAMES = {"teacher": "T6 teacher", "student-kd": "S3-384 KD", "student-finetune": "S3-384 labels"}
 
 
-def demo_configs(data: str | None, output: Path, budget: str) -> dict[str, dict]:
+def demo_overrides(data: str | None, output: Path, budget: str) -> list[str]:
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}: choose one of {', '.join(BUDGETS)}")
-    b = BUDGETS[budget]
-    common = {"task": {"name": "sst2"},
-              "data": {"dir": data, "max_length": 128, "max_train_examples": b["max_train_examples"]}}
-    train = {"batch_size": 32, "warmup_ratio": 0.1, "seed": 42}
-    teacher_dir = output / "teacher"
-    student = {"preset": "S3-384", "init": "teacher_layers"}
-    return {
-        "teacher": {**common, "student": {"init": "pretrained", "pretrained": "minilm-l6"},
-                    "method": {"name": "finetune"},
-                    "train": {**train, "epochs": b["teacher_epochs"], "learning_rate": 5e-5},
-                    "output": {"dir": str(teacher_dir)}},
-        "kd": {**common, "teacher": {"model": str(teacher_dir / "best")}, "student": student,
-               "method": {"name": "kd", "temperature": 2.0},
-               "train": {**train, "epochs": b["student_epochs"], "learning_rate": 1e-4},
-               "output": {"dir": str(output / "student-kd")}},
-        "finetune": {**common, "teacher": {"model": str(teacher_dir / "best")}, "student": student,
-                     "method": {"name": "finetune"},
-                     "train": {**train, "epochs": b["student_epochs"], "learning_rate": 1e-4},
-                     "output": {"dir": str(output / "student-finetune")}},
-    }
+    return [f"output={output}", *BUDGETS[budget], *([f"defaults.data.dir={data}"] if data else [])]
 
 
-def _run_or_reuse(config: dict, console: Console) -> dict:
-    from distilkit.run import run_experiment
-
-    finished = Path(config["output"]["dir"]) / "metrics.json"
-    if finished.is_file():
-        console.print(f"[dim]{finished.parent} already finished; reusing it[/]")
-        return json.loads(finished.read_text())
-    return run_experiment(build_config(config))
-
-
-def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
-    from distilkit.data.dataset import TokenizedDataset
+def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: list[str] | None = None) -> dict:
     from distilkit.evaluate.speed import pytorch_runner, side_by_side
-    from distilkit.models.student import load_student, load_tokenizer
-    from distilkit.data.readers import read_split
-    from distilkit.data.tasks import task_spec
+    from distilkit.models.student import load_student
+    from distilkit.plans import Plans, load_plan
+    from distilkit.run import model_split
 
     console = Console(stderr=True)
-    configs = demo_configs(data, Path(output), budget)
-    build_config(configs["teacher"])  # fail on a bad data folder or budget before any training
-    metrics = {}
-    for stage, title in (("teacher", "fine-tuning the T6 teacher (all-MiniLM-L6-v2)"),
-                         ("kd", "distilling into S3-384 with KD"),
-                         ("finetune", "S3-384 on labels only (no distillation)")):
-        console.rule(f"[bold]{stage}[/]: {title}")
-        metrics[stage] = _run_or_reuse(configs[stage], console)
+    plans = Plans(load_plan("demo", demo_overrides(data, Path(output), budget) + list(overrides or [])))
+    cells = plans.cells()  # every config checked (data folder, budget) before any training
+    metrics = {name: plans.train(cell) for name, cell in cells.items()}
 
     console.rule("[bold]speed[/]: batch 1 latency and batch 32 throughput, measured side by side")
-    config = build_config(configs["kd"])
-    spec = task_spec(config.task)
-    paths = {"teacher": Path(configs["teacher"]["output"]["dir"]) / "best",
-             "kd": Path(configs["kd"]["output"]["dir"]) / "best",
-             "finetune": Path(configs["finetune"]["output"]["dir"]) / "best"}
-    tokenizer = load_tokenizer(str(paths["teacher"]))
-    dev = TokenizedDataset(read_split(spec, "dev", config.data), tokenizer, 128, spec.is_regression)
-    models = {name: load_student(path).eval() for name, path in paths.items()}
-    speed = side_by_side({name: pytorch_runner(model) for name, model in models.items()}, dev,
+    paths = {name: cell.dir / "best" for name, cell in cells.items()}
+    config = cells["teacher"].config
+    _, dev = model_split("sst2", paths["teacher"], "dev", config.data.max_length, config.data.dir)
+    speed = side_by_side({name: pytorch_runner(load_student(path).eval()) for name, path in paths.items()}, dev,
                          reference="teacher")
 
     teacher_score = metrics["teacher"]["best"]["score"]
@@ -96,9 +47,8 @@ def run_demo(data: str | None, output: Path, budget: str = "fast") -> dict:
                         f"{metrics['teacher']['train_examples_in_set']:,} train examples)")
     for column in ("model", "dev acc", "% teacher", "params", "p50 ms (b1, 1 thr)", "speedup", "sent/s (b32)"):
         table.add_column(column, justify="left" if column == "model" else "right")
-    names = {"teacher": "T6 teacher", "kd": "S3-384 KD", "finetune": "S3-384 labels"}
     summary = {"budget": budget, "models": {}}
-    for name, label in names.items():
+    for name, label in NAMES.items():
         score = metrics[name]["best"]["score"]
         s = speed[name]
         row = {"dev_accuracy": score, "percent_of_teacher": 100 * score / teacher_score,

@@ -174,7 +174,7 @@ def provenance(records: list[dict]) -> list[str]:
     return lines + [f"- {machine} Runs: {', '.join(cells)}." for machine, cells in groups.items()] + [""]
 
 
-def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") -> Path:
+def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark", command: str | None = None) -> Path:
     """Writes `report.md` and its plots (PNG) into `out_dir`; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,310 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark") 
         loss_plot = f"loss_{task}.png"
         plots[loss_plot] = plot_loss_curves(group, out_dir / loss_plot)
         lines += [f"![loss curves, {task}]({loss_plot})", ""]
-    lines += ["## Commands", "", "```sh", *sorted({r["bench_command"] for r in records}),
+    lines += ["## Commands", "", "```sh", *([command] if command else sorted({r["bench_command"] for r in records})),
               "# each run alone:", *sorted({r["command"] for r in records}), "```", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
+    return out_dir / "report.md"
+
+
+# plan reports ------------------------------------------------------------------------------------
+# Every table of a plan's report.md, rendered from its records alone (one JSON per cell and per step).
+# A record is the run's metrics.json plus `cell`, `dir`, `environment` and, for runs made by a plan,
+# `best_dev` (every dev metric of the best checkpoint) and `config`.
+
+def best_dev(record: dict) -> dict[str, float]:
+    """Every dev metric at the best checkpoint; records made before plans kept only the main one."""
+    return record.get("best_dev") or {record["best"]["metric"]: record["best"]["score"]}
+
+
+def score(record: dict, metric: str) -> float:
+    """A dev metric of the best checkpoint, or of the final model for 'final <metric>'."""
+    if metric.startswith("final "):
+        return next(iter(record["final"].values()))[metric.removeprefix("final ")]
+    return best_dev(record)[metric]
+
+
+def spread(values: list[float], points: bool = False) -> str:
+    """Mean ± sample standard deviation over seeds (the mean alone for one seed); `points`: differences
+    of scores, shown signed in points."""
+    import statistics
+
+    scale, mean_format, sd_format = (100, "+.1f", ".1f") if points else (1, ".4f", ".4f")
+    mean = format(scale * statistics.mean(values), mean_format)
+    return mean if len(values) < 2 else f"{mean} ± {format(scale * statistics.stdev(values), sd_format)}"
+
+
+def machine(records: list[dict]) -> str:
+    for record in records:
+        env = record.get("environment")
+        if env:
+            vector = f" ({env['cpu_capability']})" if "cpu_capability" in env else ""
+            return (f"Machine: {env['cpu']}{vector}, {env['cores']} cores; "
+                    f"torch {env['torch']}, transformers {env['transformers']}.")
+    return ""
+
+
+def runs_table(runs: dict[str, dict]) -> list[str]:
+    lines = ["| run | student | main metric | best | dev metrics at best | params | epochs (steps) | train s | ex/s "
+             "| teacher fwd |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        scores = ", ".join(f"{k} {v:.4f}" for k, v in best_dev(r).items())
+        lines.append(f"| {name} | {r['student']} | {r['best']['metric']} | {r['best']['score']:.4f} | {scores} | "
+                     f"{r['params']['total'] / 1e6:.1f}M | {r['epochs']:g} ({r['steps']}) | {r['train_seconds']:.0f} | "
+                     f"{r['examples_per_second']:.0f} | {r['teacher_forward_passes']} |")
+    return lines
+
+
+def teacher_percent_table(runs: dict[str, dict], teachers: dict[str, str]) -> list[str]:
+    """Each task's teacher, then its students with their share of the teacher's score."""
+    lines = ["| run | method | params | main metric | best | final | % of teacher | epochs | train s | ex/s "
+             "| teacher fwd |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for task, teacher_cell in teachers.items():
+        teacher = runs.get(teacher_cell)
+        if teacher is None:
+            continue
+        group = [(teacher_cell, teacher)] + [(n, r) for n, r in runs.items() if r["task"] == task and n != teacher_cell]
+        for name, r in group:
+            metric = r["best"]["metric"]
+            final = next(iter(r["final"].values()))[metric] if r["final"] else float("nan")
+            pct = "100% (teacher)" if name == teacher_cell else \
+                f"{100 * r['best']['score'] / teacher['best']['score']:.1f}%"
+            lines.append(f"| {name} | {r['method']} | {r['params']['total'] / 1e6:.1f}M | {metric} | "
+                         f"{r['best']['score']:.4f} | {final:.4f} | {pct} | {r['epochs']:g} | {r['train_seconds']:.0f} | "
+                         f"{r['examples_per_second']:.0f} | {r['teacher_forward_passes']} |")
+    return lines
+
+
+def seeded(runs: dict[str, dict], cell: str) -> dict[int, dict]:
+    """A cell's records by training seed: the cell itself and its `-seed<N>` siblings."""
+    import re
+
+    pattern = re.compile(re.escape(cell) + r"(-seed\d+)?$")
+    return {r["seed"]: r for name, r in runs.items() if pattern.match(name)}
+
+
+def paired(runs: dict[str, dict], first: str, second: str) -> list[tuple[int, dict, dict]]:
+    """The seeds at which both cells exist, with the two records, in the plan's seed order."""
+    a, b = seeded(runs, first), seeded(runs, second)
+    return [(seed, a[seed], b[seed]) for seed in a if seed in b]
+
+
+def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
+    """Per row, a baseline cell vs a compared cell at the same seeds: mean ± sd of each, the gain in points
+    and the gain per seed; with a bar plot of `plot_metric` when `plot` names a file."""
+    first_name, second_name = spec["columns"]
+    pairs = {label: found for label, (a, b) in spec["rows"].items() if (found := paired(runs, a, b))}
+    if not pairs:
+        return []
+    # records made before plans kept only the main dev metric of the best checkpoint
+    metrics = [k for k in spec["metrics"] if all(k.startswith("final ") or k in best_dev(r)
+                                                 for found in pairs.values() for _, a, b in found for r in (a, b))]
+    missing = [k for k in spec["metrics"] if k not in metrics]
+    if not metrics:
+        return []
+    lines = ["", spec["caption"], "",
+             "| method | seeds | " + " | ".join(f"{k} {first_name} | {k} {second_name} | gain | gain per seed"
+                                               for k in metrics) + " |",
+             "|---|---|" + "---|---|---|---|" * len(metrics)]
+    for label, found in pairs.items():
+        cells = []
+        for k in metrics:
+            first, second = [score(a, k) for _, a, _ in found], [score(b, k) for _, _, b in found]
+            gains = [y - x for x, y in zip(first, second)]
+            cells.append(f"{spread(first)} | {spread(second)} | {spread(gains, points=True)} | "
+                         + ", ".join(f"{100 * gain:+.1f}" for gain in gains))
+        lines.append(f"| {label} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
+    if missing:
+        lines += ["", f"Not in every record, so left out: {', '.join(missing)} at the best checkpoint."]
+    if spec.get("plot") and spec.get("plot_metric", metrics[0]) in metrics:
+        plot_pairs(pairs, spec, out_dir / spec["plot"])
+        lines += ["", f"![{spec.get('plot_title', 'comparison')}]({spec['plot']})"]
+    return lines
+
+
+def plot_pairs(pairs: dict[str, list], spec: dict, path: Path) -> None:
+    import statistics
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = spec.get("plot_metric", spec["metrics"][0])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    x = range(len(pairs))
+    for offset, side, label in ((-0.2, 1, spec["legend"][0]), (0.2, 2, spec["legend"][1])):
+        scores = [[score(seed_runs[side], metric) for seed_runs in found] for found in pairs.values()]
+        ax.bar([i + offset for i in x], [statistics.mean(s) for s in scores], 0.4, label=label,
+               yerr=[statistics.stdev(s) if len(s) > 1 else 0 for s in scores], capsize=3)
+    ax.set_xticks(list(x), list(pairs))
+    ax.set_ylim(*spec.get("ylim", (0.45, 0.9)))
+    ax.set_ylabel(spec["ylabel"])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def ablation_table(runs: dict[str, dict], spec: dict) -> list[str]:
+    """Each ablation beside the full method it removes something from, paired by seed."""
+    import statistics
+
+    rows = {name: (full, what, found) for name, (full, what, full_cell, cell) in spec["rows"].items()
+            if (found := paired(runs, full_cell, cell))}
+    if not rows:
+        return []
+    metric = spec["metric"]
+    lines = ["", spec["caption"], "",
+             "| ablation | what changes | seeds | full method | ablation | change | change per seed | "
+             "train s (full → ablation) |", "|---|---|---|---|---|---|---|---|"]
+    for name, (full, what, found) in rows.items():
+        f = [score(full_run, metric) for _, full_run, _ in found]
+        a = [score(ablated, metric) for _, _, ablated in found]
+        changes = [x - y for x, y in zip(a, f)]
+        lines.append(f"| {name} | {what} | {', '.join(str(seed) for seed, _, _ in found)} | {full} {spread(f)} | "
+                     f"{spread(a)} | {spread(changes, points=True)} | "
+                     f"{', '.join(f'{100 * c:+.1f}' for c in changes)} | "
+                     f"{statistics.mean(r['train_seconds'] for _, r, _ in found):.0f} → "
+                     f"{statistics.mean(r['train_seconds'] for _, _, r in found):.0f} |")
+    return lines
+
+
+def compare_table(runs: dict[str, dict], spec: dict) -> list[str]:
+    """Pairs of single cells side by side on one metric (e.g. the same run at two learning rates)."""
+    rows = [(a, runs[a], runs[b]) for a, b in spec["rows"] if a in runs and b in runs]
+    if not rows:
+        return []
+    metric = spec["metric"]
+    return ["", spec["caption"], "", f"| run | {' | '.join(spec['columns'])} |", "|---|---|---|",
+            *[f"| {name} | {score(a, metric):.4f} | {score(b, metric):.4f} |" for name, a, b in rows]]
+
+
+def grid_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
+    """Rows × columns of one score (`cell` a template over {row} and {column}), with a line plot."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = spec["columns"]  # label -> column heading
+    grid = {row: [(int(c), runs[spec["cell"].format(row=row, column=c)]["best"]["score"]) for c in columns
+                  if spec["cell"].format(row=row, column=c) in runs] for row in spec["rows"]}
+    if not any(grid.values()):
+        return []
+    lines = ["", spec["caption"], "", "| student | " + " | ".join(columns.values()) + " |",
+             "|---|" + "---|" * len(columns)]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for row, points in grid.items():
+        by_column = dict(points)
+        lines.append(f"| {spec['rows'][row]} | " + " | ".join(f"{by_column[int(c)]:.4f}" if int(c) in by_column
+                                                             else "–" for c in columns) + " |")
+        if points:
+            ax.plot(*zip(*points), marker="o", label=spec["rows"][row])
+    ax.set_xlabel(spec["xlabel"])
+    ax.set_ylabel(spec["ylabel"])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / spec["plot"], dpi=120)
+    plt.close(fig)
+    return lines + ["", f"![{spec['plot_title']}]({spec['plot']})"]
+
+
+def speed_step_table(speed: dict) -> list[str]:
+    """A student's CPU speed beside its teacher, measured in one process (benchmarks/sra_speed.py)."""
+    fp32 = speed["pytorch_fp32"]
+    lines = ["", f"CPU speed beside the teacher ({speed['task']} dev, PyTorch fp32, same process; "
+                 f"mean length {speed['mean_dev_length']:.1f} tokens):", "",
+             "| model | params (without embeddings) | latency b1 1 thread p50 ms | latency b1 all threads p50 ms "
+             "| throughput b32 sent/s |", "|---|---|---|---|---|"]
+    for who in ("teacher", "student"):
+        m = fp32[who]
+        lines.append(f"| {who} {speed[who]['path']} | {speed[who]['params']['total'] / 1e6:.1f}M "
+                     f"({speed[who]['params']['without_embeddings'] / 1e6:.1f}M) | "
+                     f"{m['latency_1_thread']['p50_ms']:.2f} | {m['latency_all_threads']['p50_ms']:.2f} | "
+                     f"{m['throughput_batch_32']['sentences_per_second']:.0f} |")
+    return lines + ["| speedup | | " + " | ".join(f"{fp32['speedup'][k]:.2f}x" for k in
+                                                  ("latency_1_thread", "latency_all_threads", "throughput_batch_32"))
+                    + " |"]
+
+
+def similarity_tables(steps: dict[str, dict]) -> list[str]:
+    """Untuned sentence-embedding similarity (`distilkit similarity`), one table per task."""
+    similarity = {name: s for name, s in sorted(steps.items()) if name.startswith("similarity-")}
+    lines = []
+    for task in sorted({s["task"] for s in similarity.values()}, key=lambda t: t != "stsb"):
+        results = {name.removeprefix("similarity-"): s for name, s in similarity.items() if s["task"] == task}
+        keys = [k for k, v in next(iter(results.values())).items() if isinstance(v, float)]
+        how = ("cosine vs gold score" if task == "stsb" else
+               "cosine above the threshold that fits train pairs best = paraphrase; Table 5 shape")
+        scored = next(iter(results.values())).get("scored", "dev")
+        lines += ["", f"Untuned sentence embeddings on {task.upper()}, {scored} ({how}):", "",
+                  "| model | pooling | pairs | " + " | ".join(keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+        lines += [f"| {name} | {'S_x' if 'sra' in name else s['pooling']} | {s['pairs']} | "
+                  + " | ".join(f"{s[k]:.4f}" for k in keys) + " |" for name, s in results.items()]
+    return lines
+
+
+def epoch_seconds_table(runs: dict[str, dict]) -> list[str]:
+    return ["", "Seconds per epoch (same machine, one run after another):", "", "| run | method | s/epoch |",
+            "|---|---|---|", *[f"| {name} | {r['method']} | {r['train_seconds'] / r['epochs']:.1f} |"
+                               for name, r in runs.items()]]
+
+
+def latency_tables(steps: dict[str, dict]) -> list[str]:
+    """RefBERT's batch-1 latency with and without retrieval (benchmarks/refbert_latency.py)."""
+    lines = []
+    for name, result in steps.items():
+        if not name.endswith("-latency"):
+            continue
+        refs = result["references"]
+        lines += ["", f"{name.removesuffix('-latency')}: batch-1 latency, 1 thread (ms). "
+                      f"{refs.get('references', 0)} references; BM25 index "
+                      f"built in {refs.get('index_build_seconds', 0):.1f} s, {refs.get('index_bytes', 0) / 1e6:.1f} MB; "
+                      f"reference store (fp16) {refs.get('store_bytes', 0) / 1e6:.1f} MB.", "",
+                  "| path | p50 | p95 |", "|---|---|---|"]
+        lines += [f"| {path} | {result[path]['p50_ms']:.2f} | {result[path]['p95_ms']:.2f} |"
+                  for path in ("with_retrieval", "without_retrieval", "retrieval_only")]
+    return lines
+
+
+def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str) -> Path:
+    """Writes `<results>/report.md` and its plots from the plan's records; returns the report's path.
+    `cells` (the plan's own cells, in plan order) order the rows; records of other cells (the teachers a
+    plan used) are there for tables that name them."""
+    out_dir = Path(plan.results)
+    if plan.speed:
+        speed_records = [records[name] for name in sorted(cells) if name in records and "speed" in records[name]]
+        return render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}", command=command)
+    runs = {name: records[name] for name in cells if name in records and "best" in records[name]}
+    steps = {name: r for name, r in records.items() if name not in cells and "best" not in r}
+    everything = {name: r for name, r in records.items() if "best" in r}
+    lines = [f"# {plan.report.title} (generated by `distilkit bench {plan.name}`)", "", machine(list(everything.values())),
+             ""]
+    for spec in plan.report.tables:
+        kind = spec["kind"]
+        if kind == "runs":
+            lines += runs_table(runs)
+        elif kind == "teacher_percent":
+            lines += teacher_percent_table(everything, spec["teachers"])
+        elif kind == "paired":
+            lines += paired_table(runs, spec, out_dir)
+        elif kind == "ablation":
+            lines += ablation_table(runs, spec)
+        elif kind == "compare":
+            lines += compare_table(runs, spec)
+        elif kind == "grid":
+            lines += grid_table(runs, spec, out_dir)
+        elif kind == "speed" and spec["step"] in steps:
+            lines += speed_step_table(steps[spec["step"]])
+        elif kind == "similarity":
+            lines += similarity_tables(steps)
+        elif kind == "epoch_seconds":
+            lines += epoch_seconds_table(runs)
+        elif kind == "latency":
+            lines += latency_tables(steps)
+        elif kind not in ("speed",):
+            raise ValueError(f"plan {plan.name}: unknown report table kind {kind!r}")
+    for note in plan.report.notes:
+        lines += ["", note]
+    lines += ["", "```sh", command, "```"]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
     return out_dir / "report.md"

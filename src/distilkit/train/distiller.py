@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate.state import AcceleratorState
 from accelerate.utils import gather_object
 from torch import nn
 from tqdm.auto import tqdm
@@ -117,6 +118,10 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     multi-process. DDP must tolerate parameters a step leaves unused: methods with stages use some parts (e.g.
     the classifier) in some steps only."""
     check_launch()
+    if AcceleratorState._shared_state.get("_mixed_precision", mixed_precision) != mixed_precision:
+        # Accelerate keeps one state per process and refuses another precision: a process that runs trainings
+        # in turn (a recipe's stages, a bench, the tests) starts the next with its own (the process group stays)
+        AcceleratorState._reset_state()
     return Accelerator(cpu=not torch.accelerator.is_available(), mixed_precision=mixed_precision,
                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
 
@@ -287,8 +292,7 @@ class Distiller:
                 if not math.isfinite(value):
                     raise NonFiniteLoss(
                         f"step {progress.step + 1}: loss term {name!r} is {value}; training stopped before applying "
-                        "it (the last checkpoint and best/ are kept): lower train.learning_rate or set "
-                        "train.max_grad_norm")
+                        "it (the last checkpoint and best/ are kept): lower train.learning_rate")
                 terms_sum[name] = terms_sum.get(name, 0.0) + value / len(group)
             acc.backward(loss)
         if cfg.max_grad_norm:

@@ -1,0 +1,530 @@
+"""Plans: every experiment distilkit publishes, as one YAML file run by `distilkit bench PLAN`.
+
+A plan is shared experiment fields (`defaults`) plus groups of cells. A group is a matrix: each axis maps
+labels to experiment fields, and a cell is one combination of labels (× `seeds`), named from the group's
+`name` template. Any fields mapping may also hold three plan keys:
+
+    start_from: <cell>     the student starts from that cell's student (`student_from`: final or best)
+    teacher_from: <cell>   that cell's best model is the teacher
+    (templates: "teacher-{task}" names the cell of the current task label)
+
+so multi-stage recipes (general distillation → task distillation, teacher fine-tune → students) are
+plans too. `include` pulls in other plans' cells (the shared teachers), run only when referenced.
+Each cell is an ordinary experiment config, written to `<run dir>/config.yaml` and trained by
+`distilkit distill` in its own process (so its peak memory is its own). A cell is skipped only when
+its metrics exist, its saved config equals the resolved one and no cell it starts from finished
+later; otherwise it runs again, its earlier folder moved aside. `steps` run measurement commands
+(benchmarks/*.py, `distilkit similarity`) when their output is missing or older than a cell they measure. Records (one JSON per cell
+and per step) go to `<results>/records/`, and `report` renders every table and plot from them.
+A plan with `speed` also measures each student beside its teacher in the four deployment formats.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from itertools import product
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from distilkit.config import ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config
+from distilkit.evaluate.profile import FORMATS
+from distilkit.run import RunError
+
+PLAN_KEYS = ("start_from", "student_from", "teacher_from")
+
+
+class Override(StrictModel):
+    """Experiment fields for the cells of a group whose labels match every pair in `when`."""
+    when: dict[str, str]
+    set: dict[str, Any]
+
+
+class Group(StrictModel):
+    name: str  # template over the axis labels, e.g. "{task}-{method}-{student}"
+    dir: str = "{name}"  # the run folder under the plan's output
+    set: dict[str, Any] = Field(default_factory=dict)  # fields for every cell of the group
+    axes: dict[str, dict[str, dict[str, Any] | None]] = Field(default_factory=dict)  # axis -> label -> fields
+    # training seeds: the first keeps the bare name, the others add "-seed<N>"
+    seeds: list[int] = Field(default_factory=list)
+    overrides: list[Override] = Field(default_factory=list)
+    exclude: list[dict[str, str]] = Field(default_factory=list)  # label combinations that are not cells
+
+
+class Step(StrictModel):
+    """A measurement command whose stdout (JSON) is kept; run once its cells exist and its output does not."""
+    name: str
+    command: str  # "{cell}" stands for that cell's run folder; `distilkit` and `python` are this interpreter's
+    file: str | None = None  # default <output>/<plan name>/<name>.json
+
+
+class SpeedSettings(StrictModel):
+    formats: list[Literal["pytorch_fp32", "pytorch_bf16", "onnx_fp32", "onnx_int8"]] = list(FORMATS)
+    sentences: int = Field(100, ge=1)  # batch-1 latency: the first n dev sentences, in dataset order
+    warmup: int = Field(10, ge=0)
+    throughput_sentences: int = Field(512, ge=1)
+    batch_size: int = Field(32, ge=1)
+    teacher_name: str = "T6 (all-MiniLM-L6-v2, fine-tuned)"
+
+
+class ReportSettings(StrictModel):
+    title: str
+    tables: list[dict[str, Any]] = Field(default_factory=list)  # see evaluate/report.py: render_tables
+    notes: list[str] = Field(default_factory=list)  # paragraphs placed after the tables
+
+
+class Plan(StrictModel):
+    name: str
+    output: str  # run folders (not committed)
+    results: str | None = None  # records, report and plots (committed)
+    include: list[str] = Field(default_factory=list)  # other plans (names or paths) whose cells may be referenced
+    defaults: dict[str, Any] = Field(default_factory=dict)  # experiment fields shared by every cell
+    cells: list[Group] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    speed: SpeedSettings | None = None  # measure students beside their teachers in deployment formats
+    report: ReportSettings | None = None
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """Nested mappings merged key by key; anything else in `extra` replaces what `base` had."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) \
+            else copy.deepcopy(value)
+    return out
+
+
+# finding plans ----------------------------------------------------------------------------------
+
+BENCHMARK_PLANS = Path("benchmarks") / "plans"  # the repository's benchmark plans, beside their results
+
+
+def shipped_plans() -> dict[str, Path]:
+    """Plans by name: those shipped in the package (presets/plans/) and, from a repository checkout's root,
+    the benchmark plans in benchmarks/plans/."""
+    folders = [Path(str(resources.files("distilkit") / "presets" / "plans")), BENCHMARK_PLANS]
+    return {p.stem: p for folder in folders if folder.is_dir() for p in sorted(folder.glob("*.yaml"))}
+
+
+def find_plan(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_plans()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    raise ConfigError(f"no plan file {path} and no plan named {name_or_path!r}; "
+                      f"plans by name: {', '.join(sorted(shipped))}")
+
+
+def load_plan(name_or_path: str | Path, overrides: list[str] | None = None) -> Plan:
+    from distilkit.config import apply_overrides
+
+    path = find_plan(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    try:
+        return Plan.model_validate(apply_overrides(data, overrides or []))
+    except ValidationError as err:
+        raise ConfigError(f"invalid plan {path}: " + _describe(err)) from None
+
+
+# cells ------------------------------------------------------------------------------------------
+
+@dataclass
+class Cell:
+    name: str
+    labels: dict[str, str]  # axis -> label, and "seed" when the group has seeds
+    config: ExperimentConfig
+    start_from: str | None = None
+    teacher_from: str | None = None
+    plan: str = ""
+    upstream: list[str] = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.config.output.dir)
+
+
+def _format(value, labels: dict[str, str]):
+    """Fills "{axis}" templates in plan keys and strings of the fields; other text is left as is."""
+    if isinstance(value, str) and "{" in value:
+        try:
+            return value.format(**labels)
+        except (KeyError, IndexError, ValueError):
+            return value
+    return value
+
+
+def expand(plan: Plan) -> dict[str, tuple[dict, dict[str, str], dict]]:
+    """Every cell's name -> (experiment fields, labels, plan keys), before references are resolved."""
+    out: dict[str, tuple[dict, dict[str, str], dict]] = {}
+    for group in plan.cells:
+        axes = list(group.axes.items())
+        seeds = group.seeds or [None]
+        for combo in product(*[list(labels.items()) for _, labels in axes]):
+            labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
+            if any(all(labels.get(a) == v for a, v in rule.items()) for rule in group.exclude):
+                continue
+            for seed in seeds:
+                data = merge(plan.defaults, group.set)
+                for _, (_, fields) in zip(axes, combo):
+                    data = merge(data, fields or {})
+                for rule in group.overrides:
+                    if all(labels.get(axis) == label for axis, label in rule.when.items()):
+                        data = merge(data, rule.set)
+                name = group.name.format(**labels)
+                if seed is not None:
+                    name += "" if seed == seeds[0] else f"-seed{seed}"
+                    data = merge(data, {"train": {"seed": seed}})
+                keys = {k: _format(data.pop(k), labels | {"name": name}) for k in PLAN_KEYS if k in data}
+                run_dir = group.dir.format(**labels, name=name)
+                data = merge(data, {"output": {"dir": str(Path(plan.output) / run_dir)}})
+                if name in out:
+                    raise ConfigError(f"plan {plan.name}: two cells named {name}")
+                out[name] = (data, labels | ({"seed": str(seed)} if seed is not None else {}), keys)
+    return out
+
+
+class Plans:
+    """A plan with the plans it includes; resolves cells and runs them."""
+
+    def __init__(self, plan: Plan, path: Path | None = None, python: str = sys.executable):
+        self.plan, self.path, self.python = plan, path, python
+        self.included: dict[str, tuple[dict, dict, dict, str]] = {}
+        for name in plan.include:
+            other = load_plan(name)
+            for cell, raw in expand(other).items():
+                self.included[cell] = (*raw, other.name)
+        self.own = {cell: (*raw, plan.name) for cell, raw in expand(plan).items()}
+        clash = set(self.own) & set(self.included)
+        if clash:
+            raise ConfigError(f"plan {plan.name}: cell(s) {sorted(clash)} also come from an included plan")
+        self._cells: dict[str, Cell] = {}
+
+    def cell(self, name: str, chain: tuple[str, ...] = ()) -> Cell:
+        """One cell's validated config, its references resolved (the cells it starts from first)."""
+        if name in self._cells:
+            return self._cells[name]
+        raw = self.own.get(name) or self.included.get(name)
+        if raw is None:
+            raise ConfigError(f"no cell named {name!r}" + (f" (referenced by {chain[-1]})" if chain else ""))
+        if name in chain:
+            raise ConfigError(f"cells reference each other in a loop: {' -> '.join(chain + (name,))}")
+        data, labels, keys, plan_name = raw
+        data = copy.deepcopy(data)
+        upstream = []
+        if "start_from" in keys:
+            source = self.cell(keys["start_from"], chain + (name,))
+            which = keys.get("student_from", "final")
+            if which not in ("final", "best"):
+                raise ConfigError(f"cell {name}: student_from must be final or best, not {which!r}")
+            data = merge(data, {"student": {"init": "pretrained", "pretrained": str(source.dir / which)}})
+            upstream.append(source.name)
+        if "teacher_from" in keys:
+            source = self.cell(keys["teacher_from"], chain + (name,))
+            data = merge(data, {"teacher": {"model": str(source.dir / "best")}})
+            upstream.append(source.name)
+        try:
+            config = build_config(data)
+        except ConfigError as err:
+            raise ConfigError(f"cell {name}: {err}") from None
+        cell = Cell(name, labels, config, keys.get("start_from"), keys.get("teacher_from"), plan_name, upstream)
+        self._cells[name] = cell
+        return cell
+
+    def cells(self) -> dict[str, Cell]:
+        """The plan's own cells, all validated before any work."""
+        return {name: self.cell(name) for name in self.own}
+
+    # running ------------------------------------------------------------------------------------
+
+    def finished(self, cell: Cell) -> bool:
+        """Metrics exist, the saved config is this one, and nothing it starts from finished later."""
+        metrics = cell.dir / "metrics.json"
+        if not metrics.is_file():
+            return False
+        saved = cell.dir / "config.yaml"
+        if not saved.is_file() or saved.read_text() != dump_config(cell.config):
+            return False
+        done_at = metrics.stat().st_mtime
+        return all((self.cell(u).dir / "metrics.json").stat().st_mtime <= done_at for u in cell.upstream)
+
+    def train(self, cell: Cell) -> dict:
+        """The cell's metrics: read if finished, else trained in a fresh process (resuming a checkpoint of
+        the same config; an earlier run with another config or stale inputs is moved aside, not lost)."""
+        for name in cell.upstream:
+            self.train(self.cell(name))
+        metrics = cell.dir / "metrics.json"
+        if self.finished(cell):
+            return json.loads(metrics.read_text())
+        saved = cell.dir / "config.yaml"
+        if metrics.is_file() or (saved.is_file() and saved.read_text() != dump_config(cell.config)):
+            aside = cell.dir.with_name(f"{cell.dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            shutil.move(str(cell.dir), str(aside))
+            print(f"[plan] {cell.name}: config or inputs changed; earlier run moved to {aside}", file=sys.stderr)
+        path = self.config_path(cell)
+        print(f"[plan] {cell.name}: distilkit distill {path}", file=sys.stderr, flush=True)
+        code = self.launch(path)
+        if code != 0 or not metrics.is_file():
+            raise RunError(f"cell {cell.name} failed (exit {code}); rerun `distilkit distill {path}` "
+                           "to see why, then rerun the plan: finished cells are kept")
+        return json.loads(metrics.read_text())
+
+    def launch(self, config_path: Path) -> int:
+        """Trains one cell in a fresh process, so that its peak memory and timings are its own."""
+        return subprocess.run([self.python, "-m", "distilkit", "distill", str(config_path)],
+                              stdout=subprocess.DEVNULL).returncode
+
+    def lineage(self, cell: Cell) -> list[Cell]:
+        """Every cell this one starts from or learns from, nearest first."""
+        found = []
+        for name in cell.upstream:
+            upstream = self.cell(name)
+            found += [upstream] + [c for c in self.lineage(upstream) if c not in found]
+        return found
+
+    def config_path(self, cell: Cell) -> Path:
+        path = Path(self.plan.output) / "configs" / f"{cell.name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_config(cell.config))
+        return path
+
+    def step(self, step: Step) -> dict:
+        """The step's JSON output, its command run first when the file is missing or older than a cell it
+        measures."""
+        file = Path(step.file or Path(self.plan.output) / self.plan.name / f"{step.name}.json")
+        used = [self.cell(name) for name in self.referenced(step)]
+        for cell in used:
+            self.train(cell)
+        stale = any((c.dir / "metrics.json").stat().st_mtime > file.stat().st_mtime for c in used) \
+            if file.is_file() else True
+        if stale:
+            command = re.sub(r"\{([^{}]+)\}", lambda m: str(self.cell(m[1]).dir), step.command)
+            argv = shlex.split(command)
+            argv = ([self.python, "-m", "distilkit"] + argv[1:] if argv[0] == "distilkit"
+                    else [self.python] + argv[1:] if argv[0] == "python" else argv)
+            print(f"[plan] step {step.name}: {command}", file=sys.stderr, flush=True)
+            result = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+            if result.returncode != 0:
+                raise RunError(f"step {step.name} failed (exit {result.returncode}): {command}")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(result.stdout)
+        return json.loads(file.read_text())
+
+    def referenced(self, step: Step) -> list[str]:
+        """The cells a step's command names, as "{cell}"."""
+        return re.findall(r"\{([^{}]+)\}", step.command)
+
+    def run(self, only: list[str] | None = None) -> dict[str, dict]:
+        """Trains what is not finished, measures, writes records and the report; returns the records."""
+        cells = self.cells()
+        unknown = set(only or []) - set(cells) - {s.name for s in self.plan.steps}
+        if unknown:
+            raise ConfigError(f"no such cell(s) {sorted(unknown)}; cells are {sorted(cells)}")
+        records_dir = Path(self.plan.results) / "records" if self.plan.results else None
+        if records_dir:
+            records_dir.mkdir(parents=True, exist_ok=True)
+        for name, cell in cells.items():
+            if only and name not in only:
+                continue
+            if self.plan.speed:
+                self.speed_record(cell, records_dir / f"{name}.json")
+                continue
+            self.train(cell)
+            if records_dir:  # the cell's record, and those of the cells it used (its teacher, its start)
+                for used in [cell, *self.lineage(cell)]:
+                    self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
+                                      records_dir / f"{used.name}.json")
+        for step in self.plan.steps:
+            if only and step.name not in only:
+                continue
+            output = self.step(step)
+            if records_dir:
+                (records_dir / f"{step.name.replace('/', '-')}.json").write_text(json.dumps(output, indent=2))
+        return self.render()
+
+    def render(self) -> dict[str, dict]:
+        if not self.plan.results:
+            return {}
+        from distilkit.evaluate.report import render_plan_report
+
+        records = read_records(Path(self.plan.results))
+        if self.plan.report or self.plan.speed:
+            report = render_plan_report(self.plan, records, self.cells(), self.command())
+            print(f"[plan] report: {report}", file=sys.stderr)
+        return records
+
+    def command(self) -> str:
+        return f"DISTILKIT_DATA=../shared/data distilkit bench {self.plan.name}"
+
+    # records ------------------------------------------------------------------------------------
+
+    def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
+        """The run's metrics with what names and reproduces it; rewritten only when the run changed."""
+        record = {"cell": cell.name, "plan": cell.plan, "labels": cell.labels, "dir": str(cell.dir), **metrics,
+                  "best_dev": best_dev(cell.dir, metrics),
+                  "environment": json.loads((cell.dir / "env.json").read_text()),
+                  "config": cell.config.model_dump(mode="json")}
+        text = json.dumps(record, indent=2)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+
+    def speed_record(self, cell: Cell, path: Path) -> None:
+        """Deployment records: trained, then scored and timed beside the teacher in each missing format."""
+        record = json.loads(path.read_text()) if path.is_file() else None
+        if record is not None and record["config"] != cell.config.model_dump(mode="json"):
+            record = None  # the cell changed: its record is redone from the new run
+        if record is not None and all(fmt in record["speed"]["formats"] for fmt in self.plan.speed.formats):
+            print(f"[plan] {cell.name}: finished, skipped", file=sys.stderr)
+            return
+        teacher = self.teacher_record(cell)
+        if record is None:
+            record = self.train_record(cell, teacher)
+            path.write_text(json.dumps(record, indent=2))
+        self.measure_formats(record, cell.config, path)
+
+    def _dev(self, config: ExperimentConfig, model: Path):
+        from distilkit.data.dataset import TokenizedDataset
+        from distilkit.data.readers import read_split
+        from distilkit.data.tasks import task_spec
+        from distilkit.models.student import load_tokenizer
+
+        spec = task_spec(config.task)
+        split = (config.eval.splits or spec.dev_splits)[0]
+        dev = TokenizedDataset(read_split(spec, split, config.data), load_tokenizer(str(model)), config.data.max_length,
+                               spec.is_regression)
+        return spec, split, dev
+
+    def teacher_record(self, cell: Cell) -> dict:
+        """The teacher's dev scores and size, computed once per teacher and kept beside the runs."""
+        from distilkit.evaluate.profile import Deployment, size_record
+
+        if cell.teacher_from:
+            self.train(self.cell(cell.teacher_from))
+        model = Path(cell.config.teacher.model)
+        if not model.is_dir():
+            raise FileNotFoundError(f"teacher of {cell.name} not found at {model}")
+        task = cell.config.task.name
+        path = Path(self.plan.output) / "teachers" / f"{task}.record.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        spec, split, dev = self._dev(cell.config, model)
+        record = {"name": self.plan.speed.teacher_name, "path": str(model), "split": split,
+                  "metric": spec.main_metric, **size_record(model, float(dev.lengths.mean())),
+                  "dev": Deployment(model, Path(self.plan.output) / "onnx" / f"teacher-{task}").dev_scores(
+                      "pytorch_fp32", dev, spec)}
+        record["dev_score"] = record["dev"][spec.main_metric]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2))
+        return record
+
+    def train_record(self, cell: Cell, teacher: dict) -> dict:
+        from distilkit.evaluate.profile import size_record
+
+        config = cell.config
+        metrics = self.train(cell)
+        spec, split, dev = self._dev(config, cell.dir / "best")
+        size = size_record(cell.dir / "best", float(dev.lengths.mean()))
+        score = metrics["best"]["score"]
+        log = cell.dir / "log.jsonl"
+        curve = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r] if log.is_file() else []
+        return {
+            "cell": cell.name, "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method"),
+            "method_name": config.method.name, "student": cell.labels.get("student"),
+            "bench_command": f"distilkit bench {self.plan.name}",
+            "command": f"distilkit distill {Path(self.plan.output) / 'configs' / cell.name}.yaml",
+            "teacher": teacher,
+            "student_shape": {**size["shape"], "init": config.student.init},
+            "params": size["params"], "flops_per_sequence": size["flops_per_sequence"],
+            "mean_dev_length": float(dev.lengths.mean()),
+            "flop_ratio": (teacher["flops_per_sequence"] / size["flops_per_sequence"]
+                           if size["flops_per_sequence"] and teacher["flops_per_sequence"] else None),
+            "dev": {"split": split, "metric": spec.main_metric, "score": score,
+                    "percent_of_teacher": 100 * score / teacher["dev_score"], "best_step": metrics["best"]["step"],
+                    "final": metrics["final"]},
+            "seeds": {"train": config.train.seed, "data_subset": 0},
+            "train_examples_in_set": metrics["train_examples_in_set"],
+            **{k: metrics[k] for k in ("epochs", "steps", "train_examples", "distill_wall_seconds", "train_seconds",
+                                       "examples_per_second", "teacher_forward_passes", "peak_rss_mb")},
+            "loss_curve": curve,
+            "speed": {"settings": self.speed_settings(), "formats": {}},
+            "environment": json.loads((cell.dir / "env.json").read_text()),  # the training process's
+            "config": config.model_dump(mode="json"),
+            "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+
+    def speed_settings(self) -> dict:
+        from distilkit.evaluate.speed import all_threads
+
+        s = self.plan.speed
+        return {"sentences": s.sentences, "warmup": s.warmup, "throughput_sentences": s.throughput_sentences,
+                "batch_size": s.batch_size, "threads": {"one": 1, "all": all_threads()},
+                "inputs": "the dev split's sentences in file order, truncated at data.max_length, padded per batch"}
+
+    def measure_formats(self, record: dict, config: ExperimentConfig, path: Path) -> None:
+        """Each missing format, teacher then student in this process; the record is saved after each."""
+        from distilkit.evaluate.profile import Deployment, format_record
+
+        teacher_model = Path(record["teacher"]["path"])
+        spec, _, dev = self._dev(config, teacher_model)
+        onnx = Path(self.plan.output) / "onnx"
+        student = Deployment(Path(config.output.dir) / "best", onnx / record["cell"])
+        teacher = Deployment(teacher_model, onnx / f"teacher-{spec.name}")
+        s = self.plan.speed
+        for fmt in s.formats:
+            if fmt in record["speed"]["formats"]:
+                continue
+            print(f"[plan] {record['cell']}: speed and dev score in {fmt}", file=sys.stderr, flush=True)
+            record["speed"]["formats"][fmt] = format_record(
+                fmt, student, teacher, dev, spec, sentences=s.sentences, warmup=s.warmup,
+                throughput_sentences=s.throughput_sentences, batch_size=s.batch_size)
+            path.write_text(json.dumps(record, indent=2))
+
+
+def best_dev(run_dir: Path, metrics: dict) -> dict | None:
+    """Every dev metric of the best checkpoint's evaluation, from the run's log (metrics.json keeps only the
+    main one); None when the log does not have it."""
+    log = run_dir / "log.jsonl"
+    if not log.is_file():
+        return None
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("step") == metrics["best"]["step"] and "eval" in entry:
+            return next(iter(entry["eval"].values()))
+    return None
+
+
+def read_records(results: Path) -> dict[str, dict]:
+    folder = results / "records"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+def run_plan(name_or_path: str | Path, only: list[str] | None = None, overrides: list[str] | None = None,
+             report_only: bool = False) -> dict[str, dict]:
+    path = find_plan(name_or_path)
+    plans = Plans(load_plan(path, overrides), path)
+    return plans.render() if report_only else plans.run(only)
+
+
+def find_preset(name: str) -> Path:
+    """A shipped experiment config by name: src/distilkit/presets/<name>.yaml."""
+    folder = Path(str(resources.files("distilkit") / "presets"))
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ConfigError(f"no preset named {name!r}; presets: {names} (plans run with `distilkit bench NAME`)")
+    return path

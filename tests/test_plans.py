@@ -1,0 +1,163 @@
+"""Plans on tiny models: start_from chains stages, a finished plan reruns nothing, a changed cell reruns
+alone (and the cells that start from it), an interrupted plan resumes, the demo plan end to end, the CLI."""
+
+import json
+
+import pytest
+import yaml
+
+from distilkit.config import ConfigError, load_config
+from distilkit.demo import run_demo
+from distilkit.plans import Plans, load_plan
+from distilkit.run import run_experiment
+from test_corpus import write_corpus
+from test_training import cli
+
+
+def tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir) -> dict:
+    corpus = write_corpus(tmp_path / "wiki" / "c.txt", documents=60)
+    return {
+        "name": "stages", "output": str(tmp_path / "plan"),
+        "defaults": {"data": {"max_length": 32}, "student": {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32},
+                     "train": {"batch_size": 8, "learning_rate": 3e-3, "mixed_precision": "no", "log_every": 2}},
+        "cells": [
+            {"name": "general", "set": {
+                "task": {"name": "unlabeled"}, "teacher": {"model": str(tiny_base_model)},
+                "student": {"init": "random"},
+                "data": {"corpus": {"files": [str(corpus)], "heldout_examples": 16, "heldout_fraction": 0.1}},
+                "method": {"name": "tinybert", "intermediate_fraction": 1.0}, "train": {"max_steps": 4}}},
+            {"name": "task-{method}", "set": {
+                "start_from": "general", "task": {"name": "sst2"}, "teacher": {"model": str(tiny_teacher)},
+                "data": {"dir": str(glue_dir), "max_train_examples": 32}, "train": {"max_steps": 3}},
+             "axes": {"method": {"kd": {"method": {"name": "kd"}}, "finetune": {"method": {"name": "finetune"}}}}},
+        ],
+    }
+
+
+def write(tmp_path, plan: dict):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))  # cells run in the plan's order
+    return path
+
+
+@pytest.fixture()
+def launched(monkeypatch):
+    """Cells train in this process (fast), and the test sees which ones did."""
+    ran = []
+
+    def launch(self, config_path):
+        config = load_config(config_path)
+        ran.append(config.output.dir.rsplit("/", 1)[-1])
+        run_experiment(config)
+        return 0
+    monkeypatch.setattr(Plans, "launch", launch)
+    return ran
+
+
+def test_start_from_chains_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir):
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["cells"][1]["axes"]["method"]["finetune"]["student_from"] = "best"
+    cells = Plans(load_plan(write(tmp_path, plan))).cells()
+    general, kd, finetune = cells["general"].config, cells["task-kd"].config, cells["task-finetune"].config
+    assert general.student.init == "random" and general.output.dir == str(tmp_path / "plan" / "general")
+    assert kd.student.init == "pretrained" and kd.student.pretrained == str(tmp_path / "plan" / "general" / "final")
+    assert finetune.student.pretrained == str(tmp_path / "plan" / "general" / "best")
+    assert kd.student.layers == 2 and kd.train.batch_size == 8  # shared defaults reach every cell
+    plan["cells"][0]["set"]["start_from"] = "task-kd"
+    with pytest.raises(ConfigError, match="loop: general -> task-kd -> general|loop: task-kd -> general -> task-kd"):
+        Plans(load_plan(write(tmp_path, plan))).cells()
+
+
+def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path, tiny_base_model, tiny_teacher,
+                                                                       glue_dir, launched):
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    path = write(tmp_path, plan)
+    records = Plans(load_plan(path)).run()
+    assert launched == ["general", "task-kd", "task-finetune"]
+    assert set(records) == {"general", "task-kd", "task-finetune"}  # with the cell each one started from
+    kd = records["task-kd"]
+    assert kd["cell"] == "task-kd" and kd["labels"] == {"method": "kd"} and kd["config"]["method"]["name"] == "kd"
+    assert set(kd["best_dev"]) == {"accuracy"} and kd["environment"]["cores"] >= 1
+
+    launched.clear()
+    before = {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()}
+    Plans(load_plan(path)).run()
+    assert launched == []  # nothing trained again
+    assert {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()} == before
+
+    plan["cells"][1]["axes"]["method"]["kd"]["train"] = {"max_steps": 2}  # one cell's config changes
+    Plans(load_plan(write(tmp_path, plan))).run()
+    assert launched == ["task-kd"]
+    assert json.loads((tmp_path / "plan" / "task-kd" / "metrics.json").read_text())["steps"] == 2
+    assert len(list((tmp_path / "plan").glob("task-kd.replaced-*"))) == 1  # the earlier run is kept aside
+
+    launched.clear()
+    plan["cells"][0]["set"]["train"]["max_steps"] = 5  # a first stage changes: the cells starting from it rerun
+    Plans(load_plan(write(tmp_path, plan))).run()
+    assert launched == ["general", "task-kd", "task-finetune"]
+
+
+def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
+                                                               launched):
+    script = tmp_path / "measure.py"
+    script.write_text("import json, os, sys\nprint(json.dumps({'measured': sys.argv[1], 'files': len(os.listdir(sys.argv[1]))}))\n")
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    plan["steps"] = [{"name": "size-kd", "command": f"python {script} {{task-kd}}/best"}]
+    path = write(tmp_path, plan)
+    Plans(load_plan(path)).run(only=["size-kd"])  # a step alone trains the cells it measures first
+    assert launched == ["general", "task-kd"]
+    record = json.loads((tmp_path / "results" / "records" / "size-kd.json").read_text())
+    assert record["measured"] == str(tmp_path / "plan" / "task-kd" / "best") and record["files"] > 0
+    output = tmp_path / "plan" / "stages" / "size-kd.json"
+    measured_at = output.stat().st_mtime_ns
+    Plans(load_plan(path)).run(only=["size-kd"])
+    assert output.stat().st_mtime_ns == measured_at  # not measured again
+    plan["cells"][1]["axes"]["method"]["kd"]["train"] = {"max_steps": 2}
+    Plans(load_plan(write(tmp_path, plan))).run(only=["size-kd"])
+    assert output.stat().st_mtime_ns > measured_at  # its cell changed: measured again
+
+
+def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
+                                                              launched, monkeypatch):
+    path = write(tmp_path, tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir))
+    real_launch = Plans.launch
+
+    def stop_at_task(self, config_path):
+        if "task" in str(config_path):
+            raise KeyboardInterrupt
+        return real_launch(self, config_path)
+    monkeypatch.setattr(Plans, "launch", stop_at_task)
+    with pytest.raises(KeyboardInterrupt):
+        Plans(load_plan(path)).run()
+    finished_at = (tmp_path / "plan" / "general" / "metrics.json").stat().st_mtime_ns
+    monkeypatch.setattr(Plans, "launch", real_launch)
+    launched.clear()
+    Plans(load_plan(path)).run()
+    assert launched == ["task-kd", "task-finetune"]
+    assert (tmp_path / "plan" / "general" / "metrics.json").stat().st_mtime_ns == finished_at
+
+
+def test_the_demo_plan_end_to_end_on_tiny_data(tmp_path, tiny_base_model, glue_dir, launched):
+    tiny = [f"cells.0.set.student.pretrained={tiny_base_model}", "cells.1.set.student.preset=null",
+            "cells.1.set.student.layers=2", "defaults.data.max_train_examples=64", "defaults.data.max_length=32",
+            "defaults.train.max_steps=4", 'defaults.train.mixed_precision="no"']
+    summary = run_demo(str(glue_dir), tmp_path / "demo", "fast", tiny)
+    assert launched == ["teacher", "student-kd", "student-finetune"]
+    assert set(summary["models"]) == {"teacher", "student-kd", "student-finetune"}
+    kd = summary["models"]["student-kd"]
+    assert kd["params"] < summary["models"]["teacher"]["params"] and kd["speed"]["speedup"]["latency_1_thread"] > 0
+    assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == summary
+    teacher = yaml.safe_load((tmp_path / "demo" / "student-kd" / "config.yaml").read_text())["teacher"]["model"]
+    assert teacher == str(tmp_path / "demo" / "teacher" / "best")
+
+
+def test_cli_bench_reports_bad_plans(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\noutput: x\ncells: [{name: a, set: {method: {name: nope}}}]\n")
+    result = cli("bench", str(path))
+    assert result.returncode == 2 and "cell a" in result.stderr and "unknown method" in result.stderr
+    assert "Traceback" not in result.stderr
+    with pytest.raises(ConfigError, match="no plan named 'no-such-plan'; plans by name: .*demo"):
+        load_plan("no-such-plan")
