@@ -199,3 +199,60 @@ def test_refbert_refuses_an_empty_or_binary_reference_corpus(tmp_path, tiny_teac
               "output": {"dir": str(tmp_path / "x")}}
     with pytest.raises(ValueError, match=message):
         run_experiment(build_config(config))
+
+
+# ------------------------------------------------------------------------------------------ every preset
+
+
+SHIPPED = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def tiny_version(name: str, glue_dir: Path, tmp_path: Path, base: Path, teacher: Path, mlm_teacher: Path) -> dict:
+    """A shipped preset with only sizes, data and models swapped for tiny ones: every method setting kept."""
+    config = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    student = config.get("student") or {}
+    changes: dict = {"train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+                     "output": {"dir": str(tmp_path / name)}}
+    if student.get("kind") == "bilstm":
+        changes["student"] = {"options": {"hidden": 8, "head_hidden": 8, "embedding_dim": 16}}
+    else:
+        changes["student"] = {"preset": None, "layers": 2, "hidden": 32, "heads": 4, "ffn": 64}
+    if student.get("init") == "pretrained":
+        changes["student"] = {"preset": None, "pretrained": str(base)}
+    if (config.get("task") or {}).get("name") == "unlabeled":
+        changes.update(corpus_run(write_corpus(tmp_path / "wiki" / "c.txt", documents=40), mlm_teacher,
+                                  tmp_path / name, method={"bank_size": 64, "negatives": 20}))
+        changes["student"] = {**TINY_STUDENT}
+    else:
+        changes["task"] = {"name": "sst2"}  # the tiny GLUE folder holds SST-2 (the Tang preset reads MRPC)
+        changes["data"] = {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32}
+        if (config.get("data") or {}).get("augment"):
+            changes["data"]["augment"] = {"model": str(base), "copies": 1, "max_examples": 48}
+        if "teacher" in config or config["method"]["name"] != "finetune":
+            headless = config["method"]["name"] == "text_smoothing"  # its MLM teacher is the base encoder
+            changes["teacher"] = {"model": str(mlm_teacher if headless else teacher)}
+    return merged(config, changes)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_preset_runs_end_to_end_on_tiny_data(name, tmp_path, glue_dir, tiny_base_model, tiny_teacher,
+                                                           tiny_mlm_teacher):
+    metrics = run_experiment(build_config(tiny_version(name, glue_dir, tmp_path, tiny_base_model, tiny_teacher,
+                                                       tiny_mlm_teacher)))
+    assert metrics["steps"] == 2 and (tmp_path / name / "final").is_dir()
+
+
+def test_tang_preset_is_tangs_size_and_sra_keeps_its_own():
+    """2.4M parameters without embeddings on a pair task (SRA's Table 2, BiLSTM_KD), SRA's BiLSTM larger."""
+    from torch import nn
+
+    def pair_size(hidden: int, head_hidden: int, embedding_dim: int = 300) -> float:
+        lstm = nn.LSTM(embedding_dim, hidden, bidirectional=True)
+        mlp = nn.Sequential(nn.Linear(8 * hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 2))
+        return sum(p.numel() for m in (lstm, mlp) for p in m.parameters()) / 1e6
+
+    options = yaml.safe_load((PRESETS / "bilstm-kd-tang-mrpc.yaml").read_text())["student"]["options"]
+    assert round(pair_size(options["hidden"], options["head_hidden"]), 1) == 2.4
+    from distilkit.models.bilstm import DEFAULTS
+
+    assert pair_size(DEFAULTS["hidden"], DEFAULTS["head_hidden"]) > 4
