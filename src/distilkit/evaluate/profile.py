@@ -83,10 +83,8 @@ def size_record(model_dir: Path, mean_length: float) -> dict:
     model = load_student(model_dir)
     record = {"params": count_parameters(model), "flops_per_sequence": None, "shape": {"kind": model.kind}}
     if isinstance(model, TransformerStudent):
-        config = model.model.config
-        record["flops_per_sequence"] = transformer_flops(config, mean_length)
-        record["shape"] |= {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
-                            "heads": config.num_attention_heads, "ffn": config.intermediate_size}
+        record["flops_per_sequence"] = transformer_flops(model.shape, mean_length)
+        record["shape"] |= model.shape
     return record
 
 

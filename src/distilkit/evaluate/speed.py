@@ -68,9 +68,10 @@ def throughput(forward: Callable[[dict], object], dataset: TokenizedDataset, bat
             "threads": threads or torch.get_num_threads()}
 
 
-def transformer_flops(config, sequence_length: float) -> float:
-    """Multiply-adds ×2 per sequence for a BERT-style encoder (projections, FFN, attention products)."""
-    d, f, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+def transformer_flops(shape: dict[str, int], sequence_length: float) -> float:
+    """Multiply-adds ×2 per sequence for a BERT-style encoder (projections, FFN, attention products), from
+    its `layers`, `hidden` and `ffn` (a family adapter's `shape`)."""
+    d, f, layers = shape["hidden"], shape["ffn"], shape["layers"]
     t = sequence_length
     per_layer = 2 * t * (4 * d * d + 2 * d * f) + 2 * 2 * t * t * d
     return float(layers * per_layer)

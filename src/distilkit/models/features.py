@@ -1,37 +1,43 @@
 """A typed view of a model's internals, computed only as far as a method asks.
 
 Layer numbering follows the papers and Hugging Face: hidden state 0 is the embedding layer's
-output, hidden state i (1..L) the output of Transformer layer i. Attention scores are the
-pre-softmax Q·Kᵀ/√d of layer i (as TinyBERT distils them), before the padding mask is added.
+output as the first layer sees it, hidden state i (1..L) the output of Transformer layer i, and
+hidden state L the encoder's output (after ModernBERT's final norm). Attention scores are the
+pre-softmax scores of layer i (as TinyBERT distils them: Q·Kᵀ/√d, plus MPNet's position bias or
+DeBERTa's relative terms), before the padding mask is applied; 0 outside the window of ModernBERT's
+sliding-window layers, whose keys there the layer never sees.
+Where each family keeps these is its adapter's business (models/families.py).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from distilkit.models.families import FamilyError, call_arguments, family_of
 
 SCORES_ATTENTION = "distilkit_scores"
 
 
 def _attention_with_scores(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention that returns the raw scores (pre-softmax, unmasked) as its weights."""
+    """The default SDPA attention, returning the raw scores (pre-softmax, unmasked) as its weights.
+
+    The output comes from the same kernel with the same mask as without scores, so asking for scores
+    never changes what the model computes (a cache filled by one method serves another exactly)."""
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                       **kwargs)
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    weights = scores if attention_mask is None else scores + attention_mask
-    weights = nn.functional.softmax(weights, dim=-1)
-    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, scores
+    return output, torch.matmul(query, key.transpose(2, 3)) * scaling
 
 
 AttentionInterface.register(SCORES_ATTENTION, _attention_with_scores)
-AttentionMaskInterface.register(SCORES_ATTENTION, eager_mask)
+AttentionMaskInterface.register(SCORES_ATTENTION, sdpa_mask)
 
 
 @dataclass(frozen=True)
@@ -77,88 +83,89 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 def transformer_layers(model: nn.Module) -> nn.ModuleList:
-    encoder = getattr(base_model(model), "encoder", None)
-    layers = getattr(encoder, "layer", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no encoder.layer list; distilkit reads BERT-family encoders")
-    return layers
-
-
-def supports_attention_scores(model: nn.Module) -> bool:
-    """True when the model routes attention through the transformers attention interface (BERT, RoBERTa...)."""
-    return hasattr(model, "set_attn_implementation") and getattr(model, "_supports_attention_backend", False)
-
-
-@contextmanager
-def _shallow(model: nn.Module, depth: int):
-    """Runs only the first `depth` layers of the encoder (the layers themselves are shared, not copied)."""
-    encoder = base_model(model).encoder
-    full = encoder.layer
-    if depth >= len(full):
-        yield
-        return
-    encoder.layer = nn.ModuleList(list(full)[:depth])
-    try:
-        yield
-    finally:
-        encoder.layer = full
-
-
-@contextmanager
-def _embedding_shift(model: nn.Module, delta: torch.Tensor | None):
-    if delta is None:
-        yield
-        return
-    handle = base_model(model).embeddings.register_forward_hook(lambda module, args, output: output + delta)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return family_of(model).layers(model)
 
 
 def set_attention_scores(model: nn.Module, wanted: bool) -> None:
-    """Switches between the fast SDPA kernel and the score-returning eager attention."""
-    target = SCORES_ATTENTION if wanted else "sdpa"
-    if getattr(model.config, "_attn_implementation", None) == target:
+    """Switches between the SDPA kernel and the same kernel also returning scores (families that use the
+    transformers attention interface; MPNet and DeBERTa always run their own eager attention)."""
+    if not family_of(model).uses_attention_interface:
         return
-    if wanted and not supports_attention_scores(model):
-        raise TypeError(
-            f"{type(model).__name__} does not expose attention scores through the transformers attention "
-            "interface; pick a method without attention distillation for this model")
-    if supports_attention_scores(model):
+    target = SCORES_ATTENTION if wanted else "sdpa"
+    if getattr(model.config, "_attn_implementation", None) != target:
         model.set_attn_implementation(target)
 
 
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+class _Stop(Exception):
+    """Raised by a hook once the deepest requested layer has run: the rest of the model is skipped."""
+
+
+def _layer_output(output) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+def head_logits(output) -> torch.Tensor:
+    """The head's predictions: (B, C) for sequences, (B, T, C) for tokens, (B, 2, T) start/end for QA."""
+    if getattr(output, "logits", None) is not None:
+        return output.logits
+    return torch.stack([output.start_logits, output.end_logits], dim=1)
 
 
 def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
                      embedding_delta: torch.Tensor | None = None,
                      inputs_embeds: torch.Tensor | None = None) -> Features:
-    """Runs a Hugging Face encoder (with or without a classification head) for `request`.
+    """Runs a Hugging Face encoder (with or without a task head) for `request`, and no deeper than it needs.
 
-    `embedding_delta` is added to the embedding layer's output (LRC-BERT's gradient perturbation);
-    `inputs_embeds` replaces the word-embedding lookup (Text Smoothing's soft inputs).
+    Hidden states and attention scores are read by forward hooks on the modules the model's family
+    adapter names; without logits the pass stops after the deepest requested layer.
+    `embedding_delta` is added to hidden state 0, at the width the layers see (LRC-BERT's gradient
+    perturbation); `inputs_embeds` replaces the word-embedding lookup (Text Smoothing's soft inputs).
     """
-    inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+    family = family_of(model)
+    inputs = family.model_inputs(model, batch)
     if inputs_embeds is not None:
         inputs.pop("input_ids")
         inputs["inputs_embeds"] = inputs_embeds
-    want_hidden = bool(request.hidden)
-    want_attention = bool(request.attention)
-    if want_attention:
-        set_attention_scores(model, True)
     features = Features(attention_mask=batch["attention_mask"])
-    with _embedding_shift(model, embedding_delta):
-        if request.logits:
-            out = model(**inputs, output_hidden_states=want_hidden, output_attentions=want_attention)
-            features.logits = out.logits
-        else:
-            with _shallow(model, request.depth):
-                out = base_model(model)(**inputs, output_hidden_states=want_hidden,
-                                        output_attentions=want_attention)
-    for layer in request.hidden:
-        features.hidden[layer] = out.hidden_states[layer]
-    for layer in request.attention:
-        features.attention[layer] = out.attentions[layer - 1]
+    n_layers = len(family.layers(model))
+    asked = [*request.hidden, *request.attention]
+    if any(not 0 <= layer <= n_layers for layer in asked) or 0 in request.attention:
+        raise FamilyError(f"{family.name} model with {n_layers} layers: requested layers {sorted(set(asked))} "
+                          f"must lie in 0..{n_layers} (attention in 1..{n_layers}); check the method's layer map")
+    if request.attention:
+        set_attention_scores(model, True)
+
+    def keep_hidden(layer):
+        return lambda module, args, output: features.hidden.__setitem__(layer, _layer_output(output))
+
+    def keep_scores(layer):
+        return lambda module, args, kwargs, output: features.attention.__setitem__(
+            layer, family.scores(module, call_arguments(module, args, kwargs), output))
+
+    def stop(module, args, output):
+        raise _Stop
+
+    hooks = []
+    try:
+        if embedding_delta is not None:  # first, so hidden state 0 includes the shift
+            hooks.append(family.embedding_output(model).register_forward_hook(
+                lambda module, args, output: output + embedding_delta))
+        for layer in request.hidden:
+            hooks.append(family.output_module(model, layer).register_forward_hook(keep_hidden(layer)))
+        hooks += family.score_hooks(model, request.attention)
+        for layer in request.attention:
+            hooks.append(family.attention_module(model, layer).register_forward_hook(keep_scores(layer),
+                                                                                     with_kwargs=True))
+        if not request.logits:
+            if not asked:
+                return features
+            hooks.append(family.output_module(model, request.depth).register_forward_hook(stop))
+        try:
+            output = model(**inputs)
+            features.logits = head_logits(output)
+        except _Stop:
+            pass
+    finally:
+        for hook in hooks:
+            hook.remove()
     return features

@@ -38,6 +38,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
 from distilkit.config import StrictModel, StudentConfig
+from distilkit.models.families import FamilyError, family_of
 from distilkit.models.features import Features, FeatureRequest, transformer_layers
 from distilkit.models.student import STUDENT_KINDS, TransformerStudent, register_student
 
@@ -257,6 +258,11 @@ def install_reference_attention(model, reference_width: int, delta: float) -> Re
 def _build_refbert(cfg: StudentConfig, teacher_model, task) -> RefBERTStudent:
     if teacher_model is None:
         raise ValueError("a refbert student reads the teacher's reference representations: set teacher.model")
+    family = family_of(teacher_model)
+    if family.attention_path != "attention.self" or not family.uses_attention_interface:
+        raise FamilyError(f"{family.name} teacher: the refbert student replaces a BERT-layout self-attention "
+                          f"(layer.attention.self), which {family.name} does not have; use student.kind=transformer "
+                          "or a BERT, RoBERTa, XLM-R or ELECTRA teacher")
     options = RefBERTOptions.model_validate(cfg.options)
     base = STUDENT_KINDS["transformer"][0](cfg, teacher_model, task)
     if base.num_heads != teacher_model.config.num_attention_heads:

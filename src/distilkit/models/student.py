@@ -7,7 +7,6 @@ never care which architecture they train. Student kinds other than the plain Tra
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable
@@ -19,8 +18,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
-from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores, \
-    transformer_layers
+from distilkit.models.families import FamilyError, family_of, layer_list_prefix
+from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores
 from distilkit.models.hub import resolve_model
 
 METADATA_FILE = "distilkit.json"
@@ -83,6 +82,11 @@ class TransformerStudent(Student):
     def num_heads(self) -> int:
         return self.model.config.num_attention_heads
 
+    @property
+    def shape(self) -> dict[str, int]:
+        """layers, hidden, heads, ffn, read through the family's own config names (DistilBERT's dim...)."""
+        return family_of(self.model).shape(self.model.config)
+
     def word_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
 
@@ -137,22 +141,6 @@ def load_tokenizer(name_or_path: str):
     return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
 
 
-def _shaped_config(base_config, cfg: StudentConfig, task: TaskSpec):
-    config = copy.deepcopy(base_config)
-    shape = cfg.shape()
-    for key, attr in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
-                      ("heads", "num_attention_heads"), ("ffn", "intermediate_size")):
-        if shape.get(key) is not None:
-            setattr(config, attr, shape[key])
-    if config.hidden_size % config.num_attention_heads:
-        raise ValueError(f"student hidden size {config.hidden_size} is not divisible by "
-                         f"{config.num_attention_heads} heads")
-    for key, value in label_settings(task).items():
-        setattr(config, key, value)
-    config.architectures = None
-    return config
-
-
 def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None, task: TaskSpec) -> Student:
     labels = label_settings(task)
     if cfg.init == "pretrained":
@@ -160,50 +148,70 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
         config = AutoConfig.from_pretrained(path)
         for key, value in labels.items():
             setattr(config, key, value)
-        for key, attr in (("layers", "num_hidden_layers"), ("hidden", "hidden_size")):
-            wanted = cfg.shape().get(key)
-            if wanted is not None and wanted != getattr(config, attr):
-                raise ValueError(f"student.{key}={wanted} conflicts with the pretrained model's {attr}="
-                                 f"{getattr(config, attr)}; drop the shape or use init=random")
+        family = family_of(config)
+        pretrained_shape = family.shape(config)
+        for knob, wanted in cfg.shape().items():
+            if wanted is not None and wanted != pretrained_shape.get(knob):
+                raise FamilyError(f"{family.name} student: student.{knob}={wanted} conflicts with the pretrained "
+                                  f"model's {family.config_names.get(knob) or knob}={pretrained_shape.get(knob)}; "
+                                  "drop the shape or use init=random")
         model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
         return TransformerStudent(model)
 
     if teacher_model is None:
         raise ValueError(f"student.init={cfg.init} derives the architecture from the teacher: set teacher.model")
-    config = _shaped_config(teacher_model.config, cfg, task)
+    family = family_of(teacher_model)
+    shape = cfg.shape()
+    chosen = None
+    if cfg.init == "teacher_layers":
+        chosen = _chosen_teacher_layers(cfg, family, teacher_model.config, shape)
+    config = family.student_config(teacher_model.config, shape, chosen)
+    for key, value in labels.items():
+        setattr(config, key, value)
+    config.architectures = None
     model = AutoModelForSequenceClassification.from_config(config)
-    if cfg.init == "random":
-        return TransformerStudent(model)
-
-    # teacher_layers: DistilBERT-style copy of the embeddings and chosen layers (plus pooler and head if they fit)
-    t_config = teacher_model.config
-    if (config.hidden_size, config.num_attention_heads, config.intermediate_size) != (
-            t_config.hidden_size, t_config.num_attention_heads, t_config.intermediate_size):
-        raise ValueError("student.init=teacher_layers copies whole layers, so hidden, heads and ffn must equal "
-                         f"the teacher's ({t_config.hidden_size}, {t_config.num_attention_heads}, "
-                         f"{t_config.intermediate_size}); use init=random for other shapes")
-    n_teacher = t_config.num_hidden_layers
-    chosen = cfg.teacher_layers or (list(range(1, config.num_hidden_layers + 1)) if cfg.layer_selection == "first"
-                                    else uniform_layer_map(config.num_hidden_layers, n_teacher))
-    if len(chosen) != config.num_hidden_layers or not all(1 <= i <= n_teacher for i in chosen):
-        raise ValueError(f"student.teacher_layers={chosen} must list {config.num_hidden_layers} teacher layers "
-                         f"between 1 and {n_teacher}")
-    copy_teacher_layers(teacher_model, model, chosen)
+    if chosen is not None:
+        copy_teacher_layers(teacher_model, model, chosen)
     return TransformerStudent(model)
 
 
+def _chosen_teacher_layers(cfg: StudentConfig, family, teacher_config, shape: dict) -> list[int]:
+    """The teacher layers init=teacher_layers copies, after checking that whole layers fit the student."""
+    teacher_shape = family.shape(teacher_config)
+    for knob in ("hidden", "heads", "ffn"):
+        if shape.get(knob) is not None and shape[knob] != teacher_shape.get(knob):
+            raise FamilyError(f"{family.name} student: student.init=teacher_layers copies whole layers, so hidden, "
+                              f"heads and ffn must equal the teacher's ({teacher_shape['hidden']}, "
+                              f"{teacher_shape['heads']}, {teacher_shape['ffn']}); student.{knob}={shape[knob]} "
+                              "differs: drop it or use init=random for other shapes")
+    n_teacher = teacher_shape["layers"]
+    n_student = shape.get("layers") or n_teacher
+    chosen = cfg.teacher_layers or (list(range(1, n_student + 1)) if cfg.layer_selection == "first"
+                                    else uniform_layer_map(n_student, n_teacher))
+    if len(chosen) != n_student or not all(1 <= i <= n_teacher for i in chosen):
+        raise ValueError(f"student.teacher_layers={chosen} must list {n_student} teacher layers "
+                         f"between 1 and {n_teacher}")
+    return list(chosen)
+
+
 def copy_teacher_layers(teacher: PreTrainedModel, student: PreTrainedModel, chosen: list[int]) -> None:
-    """Copies embeddings, the chosen Transformer layers and any matching head weights."""
+    """Copies the chosen Transformer layers, and every other weight whose name and shape match
+    (embeddings, relative-position tables, final norms, pooler and head).
+
+    A student layer takes the teacher layer's weights it has a place for: ModernBERT's first layer has
+    no attention norm, so a deeper teacher layer copied there leaves its norm behind, and the first
+    teacher layer copied deeper leaves the student's fresh norm in place."""
+    family = family_of(teacher)
+    t_prefix, s_prefix = layer_list_prefix(teacher, family), layer_list_prefix(student, family)
     with torch.no_grad():
-        t_base, s_base = teacher.base_model, student.base_model
-        s_base.embeddings.load_state_dict(t_base.embeddings.state_dict())
-        t_layers, s_layers = transformer_layers(teacher), transformer_layers(student)
+        t_layers, s_layers = family.layers(teacher), family.layers(student)
         for s_index, t_index in enumerate(chosen):
-            s_layers[s_index].load_state_dict(t_layers[t_index - 1].state_dict())
+            source, target = t_layers[t_index - 1].state_dict(), s_layers[s_index].state_dict()
+            s_layers[s_index].load_state_dict({k: v for k, v in source.items() if k in target}, strict=False)
         s_state = student.state_dict()
-        t_state = teacher.state_dict()
-        layer_free = {k: v for k, v in t_state.items()
-                      if k in s_state and ".layer." not in k and s_state[k].shape == v.shape}
+        layer_free = {k: v for k, v in teacher.state_dict().items()
+                      if k in s_state and not k.startswith(t_prefix) and not k.startswith(s_prefix)
+                      and s_state[k].shape == v.shape}
         student.load_state_dict(layer_free, strict=False)
 
 

@@ -7,13 +7,26 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, \
+    AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from distilkit.data.tasks import TaskSpec
+from distilkit.models.families import family_of
 from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import resolve_model
 from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device
+
+
+# a head named in config.architectures -> the Auto class that loads the model with it
+HEAD_LOADERS = {"ForSequenceClassification": AutoModelForSequenceClassification,
+                "ForTokenClassification": AutoModelForTokenClassification,
+                "ForQuestionAnswering": AutoModelForQuestionAnswering}
+
+
+def head_of(config) -> str | None:
+    """The task head a saved model was trained with ("ForSequenceClassification", ...), or None."""
+    return next((head for arch in config.architectures or [] for head in HEAD_LOADERS if arch.endswith(head)), None)
 
 
 class Teacher:
@@ -24,20 +37,23 @@ class Teacher:
         self.name = name_or_path
         self.path = resolve_model(name_or_path)
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
-        self.has_head = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-        loader = AutoModelForSequenceClassification if self.has_head else AutoModel
+        self.head = head_of(config)  # kept with the model: a fine-tuned teacher's predictions are what KD distils
+        self.has_head = self.head is not None
         masked_lm = None
         if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
-            # loaded with its MLM head; the encoder below it is the teacher's model
+            # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
             masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
             masked_lm.eval().to(device).requires_grad_(False)
             self.model = masked_lm.base_model
         else:
+            loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
             self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
         self.model.requires_grad_(False)
         self._masked_lm = masked_lm
         self._mlm: MLMDistribution | None = None
-        if self.has_head and task is not None and self.model.config.num_labels != task.num_labels:
+        self.family = family_of(self.model)
+        if self.head == "ForSequenceClassification" and task is not None and \
+                self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
         self.mixed_precision = mixed_precision
