@@ -146,6 +146,33 @@ def test_overrides_index_lists_of_sections():
         apply_overrides(data, ["stages.2.train.epochs=3"])
 
 
+# the names the `datasets` GLUE features publish, id by id (MNLI keeps distilkit's tsv id order)
+GLUE_NAMES = {"cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"),
+              "mrpc": ("not_equivalent", "equivalent"), "qqp": ("not_duplicate", "duplicate"),
+              "mnli": ("contradiction", "entailment", "neutral"), "qnli": ("entailment", "not_entailment"),
+              "rte": ("entailment", "not_entailment"), "wnli": ("not_entailment", "entailment"), "stsb": None}
+
+
+def test_glue_students_carry_published_label_names_while_tsv_values_keep_their_ids(tmp_path):
+    from distilkit.models.student import label_settings
+
+    assert set(GLUE_NAMES) == set(GLUE_TASKS)
+    for name, names in GLUE_NAMES.items():
+        assert glue_task(name).label_names == names, name
+    path = write(tmp_path, "sentence\tlabel\na lovely film\t1\na dull one\t0\n", "train.tsv")
+    examples = read_tsv(glue_task("sst2"), path)
+    settings = label_settings(glue_task("sst2"))
+    assert [settings["id2label"][e.label] for e in examples] == ["positive", "negative"]
+    assert settings["label2id"] == {"negative": 0, "positive": 1}
+    mnli = write(tmp_path, "sentence1\tsentence2\tgold_label\na\tb\tneutral\n", "mnli.tsv")
+    [example] = read_tsv(glue_task("mnli"), mnli)
+    assert label_settings(glue_task("mnli"))["id2label"][example.label] == "neutral"
+    from distilkit.data.tasks import TaskSpec
+
+    custom = TaskSpec("custom", ("text",), "label", ("neg", "pos"), ("accuracy",))
+    assert label_settings(custom)["id2label"] == {0: "neg", 1: "pos"}  # custom tasks keep their own
+
+
 def test_a_split_is_read_from_the_task_and_data_settings_alone(tmp_path, glue_dir):
     from distilkit.config import DataConfig, TaskConfig
     from distilkit.data.readers import read_split

@@ -142,7 +142,7 @@ def test_held_out_scoring_leaves_method_state_alone_and_training_changes_it(tmp_
         "teacher": {"model": str(tiny_teacher), "cache": False},
         "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
         "method": {"name": "codir", "negatives": 4, "dim": 3, "crd_weight": 1.0},
-        "train": {"max_steps": 1, "batch_size": 8}, "output": {"dir": str(tmp_path / "run")}})
+        "train": {"max_steps": 1, "batch_size": 8, "mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}})
     run = build_run(config)
     bank = run.method.memory.clone()
     loss = heldout_loss(run.student, run.method, run.teacher_source, run.eval_data["dev"], 8, Progress(0, 1))

@@ -262,7 +262,7 @@ def test_cli_refbert_trains_saves_and_predicts_without_teacher(tmp_path, glue_di
     finally:
         os.rename(str(tiny_teacher) + ".hidden", tiny_teacher)
     assert result.returncode == 0, result.stderr
-    assert [json.loads(line)["label"] in ("0", "1") for line in result.stdout.splitlines()] == [True, True]
+    assert [json.loads(line)["label"] in ("negative", "positive") for line in result.stdout.splitlines()] == [True, True]
 
     from distilkit.run import run_experiment
 

@@ -93,13 +93,13 @@ print(json.dumps({{"logits": logits, "labels": labels}}))
     assert plain.returncode == 0, plain.stderr
     reloaded = json.loads(plain.stdout)
     torch.testing.assert_close(torch.tensor(reloaded["logits"]), torch.from_numpy(ours), atol=1e-5, rtol=1e-5)
-    assert set(reloaded["labels"]) <= {"0", "1"}
+    assert set(reloaded["labels"]) <= {"negative", "positive"}  # SST-2's published names, not the tsv's 0/1
     onnx_logits = predict_logits(OnnxStudent(exported / "model.onnx"), dataset)
     torch.testing.assert_close(torch.from_numpy(onnx_logits), torch.from_numpy(ours), atol=1e-4, rtol=1e-4)
 
     result = cli("predict", str(exported), "the film was good", "--onnx")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[0])["label"] in ("0", "1")
+    assert json.loads(result.stdout.splitlines()[0])["label"] in ("negative", "positive")
 
 
 def test_cli_reports_bad_config_without_traceback(tmp_path):

@@ -1,6 +1,22 @@
-"""distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept."""
+"""distilkit: compress a BERT-family teacher into a small, fast student, and prove what was kept.
 
-__version__ = "0.1.0"
+    from distilkit import distil
+    result = distil("my-experiment.yaml")   # or a dict, with teacher=/train=/dev= objects in memory
+"""
+
+from importlib.metadata import version
+
+__version__ = version("distilkit")  # pyproject.toml's, the one place it is written
+__all__ = ["Distilled", "distil", "__version__"]
 
 # The built-in tasks, student kinds and methods register the names the config schema accepts.
 from distilkit import methods as _methods  # noqa: E402,F401
+
+
+def __getattr__(name: str):
+    """`distil` is the runner's: imported when asked for, so the layers below never load it."""
+    if name in ("distil", "Distilled"):
+        from distilkit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'distilkit' has no attribute {name!r}")

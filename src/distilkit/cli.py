@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | predict | submit | bench | demo | smooth-samples`."""
+"""`distilkit finetune | distill | evaluate | export | push | predict | submit | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,21 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Distil BERT-family teachers into small, fast students, and measure what was kept.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # an error stays on one line, however long
+
+def _print_version(value: bool) -> None:
+    if value:
+        from distilkit import __version__
+
+        print(f"distilkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="print the version and exit")] = False) -> None:
+    pass  # options of `distilkit` itself, before the command
+
 
 ConfigArg = Annotated[Path | None, typer.Argument(help="experiment YAML (or --preset NAME)")]
 PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (src/distilkit/presets/), "
@@ -22,6 +36,8 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 
 
 def _user_errors():
+    from pickle import UnpicklingError
+
     from distilkit.config import ConfigError
     from distilkit.data.readers import DataError
     from distilkit.models.hub import ModelNotFound
@@ -29,11 +45,19 @@ def _user_errors():
     from distilkit.train.distiller import LaunchError, NonFiniteLoss
 
     return ConfigError, DataError, ModelNotFound, RunError, LaunchError, NonFiniteLoss, FileExistsError, \
-        FileNotFoundError, ValueError, TypeError
+        FileNotFoundError, ValueError, TypeError, UnpicklingError
 
 
 def _fail(err: Exception) -> None:
-    console.print(f"[bold red]error:[/] {err}")
+    from pickle import UnpicklingError
+    from rich.markup import escape
+
+    if isinstance(err, UnpicklingError):
+        message = ("a pickle file was refused: it holds more than tensors, and distilkit never runs pickled code; "
+                   "use a model saved as safetensors, from a source you trust")
+    else:  # one line: the problem and the fix (library messages can run to several lines)
+        message = " ".join(str(err).split()) or type(err).__name__
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -74,29 +98,42 @@ def distill(config: ConfigArg = None, preset: PresetOpt = None, set_: SetOpt = N
 
 @app.command()
 def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teacher folder")],
-             task: Annotated[str | None, typer.Option(help="GLUE task; default: the one the model was trained on")] = None,
+             task: Annotated[str | None, typer.Option(help="GLUE or SQuAD task; default: the one the model was "
+                                                          "trained on")] = None,
              data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
              split: Annotated[list[str] | None, typer.Option(help="split(s) to score; default dev")] = None,
-             max_length: int = 128, batch_size: int = 128,
+             max_length: Annotated[int | None, typer.Option(help="default 128; a SQuAD model: its training "
+                                                                 "max length")] = None,
+             batch_size: int = 128,
+             max_examples: Annotated[int | None, typer.Option(help="score a seeded subset of this many examples "
+                                                                   "(questions, for SQuAD) per split")] = None,
+             task_set: Annotated[list[str] | None, typer.Option(
+                 "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
-    """GLUE dev metrics of a saved model, as JSON."""
-    from distilkit.config import DataConfig
-    from distilkit.data.dataset import TokenizedDataset
+    """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
+    from distilkit.config import DataConfig, TaskConfig, apply_overrides
+    from distilkit.data.qa_windows import task_dataset
     from distilkit.data.readers import read_split
-    from distilkit.data.tasks import glue_task
+    from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.hub import resolve_model
     from distilkit.models.student import load_student, load_tokenizer, read_metadata
+    from distilkit.run import capped
 
     try:
         path = resolve_model(model)
-        task = task or read_metadata(Path(path)).get("task")
+        meta = read_metadata(Path(path))
+        task = task or meta.get("task")
         if not task:
             raise ValueError(f"{model} does not record its task: pass --task")
-        spec, settings = glue_task(task), DataConfig(dir=data)
+        spans = "doc_stride" in meta  # a SQuAD model reads windows of the length and stride it trained on
+        fields = apply_overrides({"name": task, **({"doc_stride": meta["doc_stride"]} if spans else {})},
+                                 list(task_set or []))
+        spec, settings = task_spec(TaskConfig.model_validate(fields)), DataConfig(dir=data)
+        length = max_length or (meta.get("max_length", 128) if spans else 128)
         tokenizer = load_tokenizer(path)
         student = load_student(path)
-        datasets = {s: TokenizedDataset(read_split(spec, s, settings), tokenizer, max_length, spec.is_regression)
+        datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
                     for s in split or spec.dev_splits}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
@@ -171,12 +208,27 @@ def export(model: Annotated[Path, typer.Argument(help="a saved student folder")]
 
 
 @app.command()
+def push(folder: Annotated[Path, typer.Argument(help="a saved student folder (a run's best/ or final/, or an export)")],
+         repo_id: Annotated[str, typer.Argument(help="Hub model repo, user/name (created if missing)")],
+         private: Annotated[bool, typer.Option(help="create the repo private")] = False) -> None:
+    """Publish a student (weights, tokenizer, model card) on the Hugging Face Hub; log in first (`hf auth login`)."""
+    from distilkit.card import push_to_hub
+
+    try:
+        url = push_to_hub(folder, repo_id, private)
+    except _user_errors() as err:
+        _fail(err)
+    print(json.dumps({"pushed": str(folder), "url": url}))
+
+
+@app.command()
 def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (PyTorch or with model.onnx)")],
             texts: Annotated[list[str] | None, typer.Argument(help="text(s); a pair as 'first ||| second'")] = None,
             file: Annotated[Path | None, typer.Option(help="one input per line")] = None,
             use_onnx: Annotated[bool, typer.Option("--onnx", help="run model.onnx with ONNX Runtime")] = False,
             int8: Annotated[bool, typer.Option("--int8", help="run model.int8.onnx with ONNX Runtime")] = False,
-            max_length: int = 128) -> None:
+            max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
+            ) -> None:
     """Predict labels for raw text with a saved student; one JSON line per input."""
     import torch
 
@@ -185,20 +237,35 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     from distilkit.evaluate.evaluator import predict_logits
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
+    from distilkit.train.preflight import check_max_length
 
     try:
         lines = list(texts or [])
         if file:
-            lines += [line.rstrip("\n") for line in file.read_text().splitlines() if line.strip()]
+            lines += [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
         if not lines:
             raise ValueError("give text arguments or --file")
+        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        empty = [i + 1 for i, e in enumerate(examples) if not all(e.texts)]
+        if empty:
+            raise ValueError(f"input {empty[0]} is empty (or a pair with an empty side): give text to predict on")
+        if len({len(e.texts) for e in examples}) != 1:
+            raise ValueError("mix of single texts and pairs: give all inputs in the same form")
         meta = read_metadata(model)
         tokenizer = load_tokenizer(str(model))
         student = inference_model(model, onnx=use_onnx, int8=int8)
-        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
-        if len({len(e.texts) for e in examples}) != 1:
-            raise ValueError("mix of single texts and pairs: give all inputs in the same form")
-        dataset = TokenizedDataset(examples, tokenizer, meta.get("max_length", max_length))
+        if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context', read in windows
+            for answer in _answers(student, tokenizer, meta, examples):
+                print(json.dumps(answer))
+            return
+        length = max_length or meta.get("max_length", 128)
+        dataset = TokenizedDataset(examples, tokenizer, length)
+        check_max_length(length, int(dataset.lengths.max()),
+                         {"model": getattr(getattr(student, "model", None), "config", None)}, "--max-length")
+        cut = sum(len(tokenizer(*e.texts, truncation=False)["input_ids"]) > length for e in examples)
+        if cut:
+            console.print(f"warning: {cut} of {len(examples)} inputs are longer than {length} tokens and were "
+                          "truncated; raise --max-length (up to the model's positions) to read them whole")
         logits = predict_logits(student, dataset)
     except _user_errors() as err:
         _fail(err)
@@ -210,6 +277,21 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             probs = torch.softmax(torch.from_numpy(row), -1)
             best = int(probs.argmax())
             print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+def _answers(student, tokenizer, meta: dict, examples) -> list[dict]:
+    """The best answer span (and no-answer odds) of each 'question ||| context' input."""
+    from distilkit.data.qa_windows import QADataset
+    from distilkit.data.squad import QAExample
+    from distilkit.data.tasks import named_task
+    from distilkit.evaluate.squad import predict_spans, squad_predictions
+
+    if any(len(e.texts) != 2 for e in examples):
+        raise ValueError("a question-answering model reads pairs: give each input as 'question ||| context'")
+    questions = [QAExample(str(i), *e.texts, (), (), f"input {i + 1}") for i, e in enumerate(examples)]
+    dataset = QADataset(questions, tokenizer, meta["max_length"], meta["doc_stride"])
+    best, odds = squad_predictions(named_task(meta["task"]), dataset, *predict_spans(student, dataset))
+    return [{"question": q.question, "answer": best[q.id], "no_answer_odds": round(odds[q.id], 4)} for q in questions]
 
 
 @app.command()

@@ -46,29 +46,58 @@ def register_method_params(name: str, params: type[MethodParams]) -> None:
 
 
 def register_task_lookup(lookup: Callable[[str], Any]) -> None:
-    """Checks task.name against `lookup` (data/tasks.py registers `glue_task`), which raises ValueError
+    """Checks task.name against `lookup` (data/tasks.py registers `named_task`), which raises ValueError
     naming the choices for a name it does not know."""
     global _task_lookup
     _task_lookup = lookup
 
 
+CLASSIFICATION_METRICS = {"accuracy", "f1", "matthews"}
+REGRESSION_METRICS = {"pearson", "spearman"}
+
+
 class TaskConfig(StrictModel):
-    name: str = "sst2"  # a GLUE task, "custom" with the fields below, or "unlabeled" (text of data.corpus)
+    # a GLUE task, squad / squad_v2 (extractive QA), "custom" with the fields below, or "unlabeled" (data.corpus)
+    name: str = "sst2"
     text_columns: list[str] | None = None
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
     metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
+    # a custom task's data: files (.tsv/.csv/.jsonl, or .parquet/.arrow/.json read by `datasets`) ...
+    # (for squad / squad_v2: SQuAD-format JSON files used instead of <data>/squad/)
     train_file: str | None = None
     dev_file: str | None = None
     test_file: str | None = None
+    # ... or a `datasets.load_dataset` source: a Hub id (online) or a local dataset folder, its config,
+    # and which of its splits are train, dev and test
+    dataset: str | None = None
+    dataset_config: str | None = None
+    splits: dict[Literal["train", "dev", "test"], str] = Field(
+        default_factory=lambda: {"train": "train", "dev": "validation", "test": "test"})
+    # extractive QA (squad, squad_v2): windows over long contexts and answer post-processing
+    doc_stride: int = Field(128, ge=0)  # tokens shared by consecutive windows of one context (run_qa's stride)
+    max_answer_length: int = Field(30, ge=1)  # tokens
+    n_best: int = Field(20, ge=1)  # start and end candidates per window
+    no_answer_threshold: float = 0.0  # v2.0: answer "no answer" when null score − best span score exceeds it
+    bad_records: Literal["error", "skip"] = "error"  # a bad SQuAD record stops the read, or is counted and skipped
 
     @model_validator(mode="after")
     def _custom_needs_files(self):
         if self.name == "custom":
             if not self.text_columns or not 1 <= len(self.text_columns) <= 2:
                 raise ValueError("a custom task needs text_columns: one or two column names")
-            if not self.train_file:
-                raise ValueError("a custom task needs train_file (.tsv/.csv/.jsonl)")
+            if bool(self.train_file) == bool(self.dataset):
+                raise ValueError("a custom task reads either task.train_file (.tsv/.csv/.jsonl/.parquet/.arrow/"
+                                 ".json) or task.dataset (a Hub id or dataset folder): set one of them")
+            wrong = sorted(set(self.metrics or []) & (CLASSIFICATION_METRICS if self.labels is None
+                                                      else REGRESSION_METRICS))
+            if wrong:
+                kind, fit = (("regression (no labels)", REGRESSION_METRICS) if self.labels is None
+                             else ("classification", CLASSIFICATION_METRICS))
+                raise ValueError(f"task.metrics {wrong} do not apply to a {kind} task: use {sorted(fit)}")
+        elif self.metrics is not None:
+            raise ValueError(f"task.metrics is for custom tasks; {self.name} is scored with its own metrics: "
+                             "drop task.metrics")
         elif self.name != "unlabeled" and _task_lookup is not None:
             _task_lookup(self.name)
         return self
@@ -181,6 +210,8 @@ class TrainConfig(StrictModel):
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
     log_every: int = Field(10, ge=1)
+    # where loss terms and eval metrics go besides log.jsonl (Accelerate trackers; see train/tracking.py)
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])
     threads: int | None = Field(None, ge=1)
 
     @field_validator("mixed_precision", mode="before")
@@ -212,6 +243,7 @@ class OutputConfig(StrictModel):
     dir: str = "runs/experiment"
     # a finished run in dir is kept unless overwrite is set; an unfinished one is resumed
     overwrite: bool = False
+    push_to_hub: str | None = None  # a Hub repo id (user/name): the best student is uploaded there, card included
 
 
 class ExperimentConfig(StrictModel):
@@ -243,6 +275,13 @@ class ExperimentConfig(StrictModel):
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
         if self.data.augment is not None and not (self.data.augment.model or self.teacher.model):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
+        if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
+            spans = getattr(_task_lookup(self.task.name), "answer_spans", False)
+            if spans and self.task.doc_stride >= self.data.max_length:
+                raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
+                                 f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
+            if spans and self.data.augment is not None:
+                raise ValueError("data.augment alters single sentences or pairs; it does not apply to SQuAD")
         if self.student.init == "teacher_layers" and not self.teacher.model:
             raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
                              "or use student.init=pretrained / random")
@@ -289,7 +328,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                 raise ConfigError(f"override {item!r}: {key} is not a section")
         if isinstance(node, list):
             raise ConfigError(f"override {item!r}: set a field of a list item, e.g. {path}.0.name=...")
-        node[last] = yaml.safe_load(raw)
+        try:
+            node[last] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            problem = str(err).splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); quote text, e.g. "
+                              f"{path}='\"...\"'") from None
     return data
 
 
@@ -310,6 +354,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        if not data:
+            raise ConfigError(f"{path} is empty: write the sections that differ from the defaults (task, teacher, "
+                              "student, method, ...; see configs/), or give only --set overrides without a file")
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of sections (task, data, teacher, ...)")
     return build_config(apply_overrides(data, overrides or []))

@@ -7,13 +7,17 @@ without distilkit. ONNX export is checked against PyTorch on real inputs before 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from distilkit.models.features import Features
+from distilkit.card import CARD_FILE, write_card
+from distilkit.models.features import Features, head_logits
 from distilkit.models.student import TransformerStudent, load_student, read_metadata
 
 ONNX_FILE = "model.onnx"
@@ -28,8 +32,12 @@ def copy_pretrained(source: Path, destination: Path) -> Path:
     student = load_student(source)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     student.save(destination, tokenizer, {k: v for k, v in read_metadata(source).items() if k != "kind"})
+    if (source / CARD_FILE).is_file():
+        shutil.copyfile(source / CARD_FILE, destination / CARD_FILE)
+    else:  # a folder saved before cards existed: a card from what its distilkit.json records
+        write_card(destination)
     return destination
 
 
@@ -48,12 +56,14 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
         raise TypeError(f"ONNX export supports plain Transformer students; {model_dir} holds a {student.kind} student")
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model = student.model.eval()
     inputs = _sample_inputs(model, tokenizer)
     names = list(inputs)
     out_path = Path(out_path or model_dir / ONNX_FILE)
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in names} | {"logits": {0: "batch"}}
+    spans = type(model).__name__.endswith("ForQuestionAnswering")  # logits (B, 2, T): start and end scores
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names} | {
+        "logits": {0: "batch", 2: "sequence"} if spans else {0: "batch"}}
 
     class LogitsOnly(torch.nn.Module):
         def __init__(self, inner):
@@ -61,7 +71,8 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
             self.inner = inner
 
         def forward(self, *args):
-            return self.inner(**dict(zip(names, args))).logits
+            inputs = dict(zip(names, args))
+            return head_logits(self.inner(**inputs), inputs["attention_mask"])
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -86,7 +97,7 @@ def onnx_parity(model, onnx_path: Path, tokenizer) -> float:
     feeds = {i.name: encoded[i.name].numpy() for i in session.get_inputs()}
     onnx_logits = session.run(["logits"], feeds)[0]
     with torch.inference_mode():
-        torch_logits = model(**{k: encoded[k] for k in feeds}).logits.numpy()
+        torch_logits = head_logits(model(**{k: encoded[k] for k in feeds}), encoded["attention_mask"]).numpy()
     return float(np.abs(onnx_logits - torch_logits).max())
 
 
@@ -141,12 +152,26 @@ def inference_model(model_dir: Path, onnx: bool = False, int8: bool = False):
 
 
 def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False) -> dict[str, str]:
-    destination = copy_pretrained(model_dir, destination)
-    written = {"pretrained": str(destination)}
-    if onnx or int8:
-        onnx_path = export_onnx(destination)
-        written["onnx"] = str(onnx_path)
-        if int8:
-            written["int8"] = str(quantize_int8(onnx_path))
-    return written
+    """Builds the export in a temporary folder beside `destination` and renames it into place only when
+    every part succeeded: a failed export leaves no half-made destination."""
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise FileExistsError(f"{destination} is not empty; choose a new folder")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
+    try:
+        copy_pretrained(model_dir, building)
+        parts = {"pretrained": building}
+        if onnx or int8:
+            parts["onnx"] = export_onnx(building)
+            if int8:
+                parts["int8"] = quantize_int8(parts["onnx"])
+        if destination.exists():
+            destination.rmdir()
+        os.replace(building, destination)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return {name: str(destination / path.relative_to(building)) if path != building else str(destination)
+            for name, path in parts.items()}
 

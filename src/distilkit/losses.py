@@ -14,13 +14,18 @@ import torch.nn.functional as F
 
 
 def hard_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy with the gold labels (the "hard" loss of Hinton et al. 2015; LRC-BERT eq. 5 with τ=1)."""
-    return F.cross_entropy(logits.float(), labels.long())
+    """Cross-entropy with the gold labels (the "hard" loss of Hinton et al. 2015; LRC-BERT eq. 5 with τ=1).
+
+    Classes lie along the last axis; any leading axes are averaged over (span logits (B, 2, T) with
+    labels (B, 2): the mean of the start and end losses, as BERT's SQuAD loss).
+    """
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.long().reshape(-1))
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                        temperature: float = 1.0) -> torch.Tensor:
-    """TinyBERT eq. (10): −softmax(zᵀ/t) · log_softmax(zˢ/t), mean over the batch.
+    """TinyBERT eq. (10): −softmax(zᵀ/t) · log_softmax(zˢ/t), mean over the batch (and any other leading
+    axes: the start and end distributions of span logits).
 
     Also the soft term of BERT-PKD (L_DS). It equals the KL divergence plus the teacher's entropy,
     which does not depend on the student, so the gradients are the same as KL's.
@@ -31,7 +36,7 @@ def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tenso
 
 
 def kl_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """KL(softmax(zᵀ/τ) ‖ softmax(zˢ/τ)), mean over the batch.
+    """KL(softmax(zᵀ/τ) ‖ softmax(zˢ/τ)) over the last axis, mean over the batch (and other leading axes).
 
     LRC-BERT eq. (4) and CoDIR eq. (2) as written, with no T² factor. Hinton et al. (2015, §2)
     multiply this by T² so the soft gradients keep their size as T grows; the `kd` method does

@@ -398,15 +398,15 @@ class Plans:
         self.measure_formats(record, cell.config, path)
 
     def _dev(self, config: ExperimentConfig, model: Path):
-        from distilkit.data.dataset import TokenizedDataset
+        from distilkit.data.qa_windows import task_dataset
         from distilkit.data.readers import read_split
         from distilkit.data.tasks import task_spec
         from distilkit.models.student import load_tokenizer
 
         spec = task_spec(config.task)
         split = (config.eval.splits or spec.dev_splits)[0]
-        dev = TokenizedDataset(read_split(spec, split, config.data), load_tokenizer(str(model)), config.data.max_length,
-                               spec.is_regression)
+        dev = task_dataset(spec, read_split(spec, split, config.data), load_tokenizer(str(model)),
+                           config.data.max_length)
         return spec, split, dev
 
     def teacher_record(self, cell: Cell) -> dict:

@@ -1,8 +1,11 @@
-"""Readers: GLUE tsv folders, custom csv/jsonl files, and the Hugging Face hub; `read_split` picks the one
-a task's split comes from.
+"""Readers: GLUE tsv folders, custom csv/jsonl files, any `datasets` source (a Hub dataset, a local
+dataset folder, .parquet/.arrow/.json files) and GLUE from the Hugging Face hub; `read_split` picks
+the one a task's split comes from.
 
 Every reader returns a list of `Example`. A row that cannot be parsed stops the read with a
-`DataError` naming the file and line; nothing is skipped silently.
+`DataError` naming the file (or dataset[split]) and line (or row); nothing is skipped silently.
+For `datasets` sources the task's `text_columns` and `label_column` name the columns to use; a
+`ClassLabel` column's ids are read as its names when the task lists those names.
 """
 
 from __future__ import annotations
@@ -15,13 +18,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distilkit.config import DataConfig
+from distilkit.data.errors import DataError
+from distilkit.data.squad import QAExample, read_squad, read_squad_hub
 from distilkit.data.tasks import TaskSpec
 
 DATA_ENV = "DISTILKIT_DATA"
 
 
-class DataError(ValueError):
-    """A data file or row that cannot be used, with where it is and how to fix it."""
+
+
+class MissingSplit(DataError):
+    """A split with no file at all (a default evaluation split may be skipped; a broken file may not)."""
+
+
+def _not_utf8(path: Path) -> DataError:
+    """Names the first line of `path` that is not UTF-8."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return DataError(f"{path}:{line_no}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                                 f"{err.start + 1}); re-save the file as UTF-8")
+    return DataError(f"{path}: not UTF-8 text; re-save the file as UTF-8")
+
+
+def _some(examples: list, path: Path) -> list:
+    if not examples:
+        raise DataError(f"{path}: no examples (empty, or a header only); point the config at a file with rows")
+    return examples
 
 
 @dataclass(frozen=True)
@@ -47,16 +72,38 @@ def resolve_data_dir(configured: str | None) -> Path:
 def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
     """A split's examples: a custom task's own file, else GLUE from data.dir (or the hub with data.source=hub).
     Test splits are read without labels."""
+    if task.answer_spans:
+        return read_squad_split(task, split, data)
     labeled = not split.startswith("test")
+    if task.name == "custom" and task.dataset:
+        if split not in task.dataset_splits:
+            raise DataError(f"custom task has no {split} split: set task.splits.{split}")
+        return read_dataset_split(task, task.dataset, task.dataset_config, task.dataset_splits[split], labeled)
     if task.name == "custom":
         files = task.split_files.get(split)
         if not files:
-            raise DataError(f"custom task has no {split} file: set task.{split}_file")
+            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
+        if Path(files[0]).suffix.lower() in FILE_BUILDERS:
+            return read_data_file(task, Path(files[0]), labeled)
         return read_table(task, Path(files[0]), labeled)
     if data.source == "hub":
         return read_hub(task, split)
     folder = resolve_data_dir(data.dir) / "glue" / task.folder
     return read_tsv(task, find_split_file(task, folder, split), labeled)
+
+
+def read_squad_split(task: TaskSpec, split: str, data: DataConfig) -> list[QAExample]:
+    """A SQuAD task's split: the user's file (task.<split>_file), else <data>/squad/<version>/, or the hub."""
+    candidates = task.split_files.get(split)
+    if candidates is None:
+        raise DataError(f"task {task.name} has no split {split!r}; set task.{split}_file to a SQuAD JSON file")
+    own = [Path(name) for name in candidates if Path(name).is_absolute()]
+    if own:
+        return read_squad(own[0], task.bad_records)
+    if data.source == "hub":
+        return read_squad_hub(task.hub_name, split)
+    folder = resolve_data_dir(data.dir) / task.folder
+    return read_squad(find_split_file(task, folder, split), task.bad_records)
 
 
 def find_split_file(task: TaskSpec, folder: Path, split: str) -> Path:
@@ -66,7 +113,7 @@ def find_split_file(task: TaskSpec, folder: Path, split: str) -> Path:
     for name in candidates:
         if (folder / name).is_file():
             return folder / name
-    raise DataError(f"no {split} file for {task.name} in {folder}: looked for {', '.join(candidates)}")
+    raise MissingSplit(f"no {split} file for {task.name} in {folder}: looked for {', '.join(candidates)}")
 
 
 def _parse_label(task: TaskSpec, raw: str | int | float | None, where: str) -> int | float | None:
@@ -98,6 +145,13 @@ def _row_to_example(task: TaskSpec, row: dict, where: str, labeled: bool) -> Exa
 
 def read_tsv(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A GLUE-format tsv (no quoting, as the GLUE scripts and HF read them)."""
+    try:
+        return _some(_read_tsv(task, path, labeled), path)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _read_tsv(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
     csv.field_size_limit(sys.maxsize)
     examples: list[Example] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
@@ -125,6 +179,15 @@ def read_tsv(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
 
 def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A custom task file: .tsv/.csv with a header, or .jsonl with one object per line."""
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist (from the task's *_file fields)")
+    try:
+        return _some(_read_table(task, path, labeled), path)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _read_table(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         examples = []
@@ -153,7 +216,57 @@ def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example
         return examples
     if suffix == ".tsv":
         return read_tsv(task, path, labeled)
-    raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv or .jsonl")
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv, .jsonl, .parquet, .arrow or .json")
+
+
+# file suffix -> the `datasets` builder that reads it (.csv, .tsv and .jsonl have line-numbered readers)
+FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json"}
+
+
+def read_dataset(task: TaskSpec, data, where: str, labeled: bool = True) -> list[Example]:
+    """Examples from a `datasets.Dataset`; `where` names it in errors (a file, or hub id[split])."""
+    needed = list(task.text_columns) + ([task.label_column] if labeled else [])
+    missing = [c for c in needed if c not in data.column_names]
+    if missing:
+        raise DataError(f"{where}: no column(s) {missing}; its columns are {data.column_names} "
+                        "(name yours with task.text_columns and task.label_column)")
+    if len(data) == 0:
+        raise DataError(f"{where}: no rows")
+    names = getattr(data.features.get(task.label_column), "names", None) if labeled else None
+    by_name = names is not None and task.labels is not None and set(task.labels) <= set(names)
+    examples = []
+    for index, row in enumerate(data.select_columns(needed)):
+        if by_name and isinstance(row[task.label_column], int) and row[task.label_column] >= 0:
+            row[task.label_column] = names[row[task.label_column]]
+        examples.append(_row_to_example(task, row, f"{where} row {index}", labeled))
+    return examples
+
+
+def read_data_file(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
+    """A local .parquet, .arrow or .json file."""
+    from datasets import load_dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    try:
+        data = load_dataset(FILE_BUILDERS[path.suffix.lower()], data_files=str(path), split="train")
+    except Exception as err:  # a file `datasets` cannot parse: say which, and why
+        raise DataError(f"{path}: cannot be read as {path.suffix} ({type(err).__name__}: {err})") from None
+    return read_dataset(task, data, str(path), labeled)
+
+
+def read_dataset_split(task: TaskSpec, name: str, config_name: str | None, split: str,
+                       labeled: bool = True) -> list[Example]:
+    """One split of a Hub dataset (online) or a local dataset folder, by `datasets.load_dataset`."""
+    from datasets import load_dataset
+
+    where = f"{name}{f' ({config_name})' if config_name else ''}[{split}]"
+    try:
+        data = load_dataset(name, config_name, split=split)
+    except ValueError as err:  # an unknown split or config: datasets lists what there is
+        raise DataError(f"{where}: {err}") from None
+    return read_dataset(task, data, where, labeled)
 
 
 def read_hub(task: TaskSpec, split: str) -> list[Example]:
@@ -164,13 +277,12 @@ def read_hub(task: TaskSpec, split: str) -> list[Example]:
                  "dev_mismatched": "validation_mismatched"}.get(split, split)
     data = load_dataset("nyu-mll/glue", task.hub_name, split=hub_split)
     columns = [c for c in data.column_names if c not in ("label", "idx")]
-    names = getattr(data.features["label"], "names", None)
-    # The hub orders MNLI labels differently from the GLUE tsv files: map by name where names match.
-    by_name = names is not None and task.labels is not None and set(names) <= set(task.labels)
+    names = data.features["label"].names if task.labels is not None else None
+    # The hub orders MNLI labels differently from the GLUE tsv files: map by name.
     examples = []
     for row in data:
         label = row["label"]
         if task.labels is not None:
-            label = None if label < 0 else (task.labels.index(names[label]) if by_name else int(label))
+            label = None if label < 0 else task.label_names.index(names[label])
         examples.append(Example(tuple(str(row[c]) for c in columns[: len(task.text_columns)]), label))
     return examples

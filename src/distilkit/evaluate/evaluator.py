@@ -8,6 +8,7 @@ import torch
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.data.tasks import TaskSpec
 from distilkit.evaluate.metrics import compute_metrics
+from distilkit.evaluate.squad import squad_metrics
 from distilkit.models.features import FeatureRequest
 from distilkit.precision import autocast, module_device, to_device
 
@@ -38,6 +39,9 @@ def evaluate_splits(student, datasets: dict[str, TokenizedDataset], task: TaskSp
     results = {}
     for split, dataset in datasets.items():
         if dataset.labels is None:
+            continue
+        if task.answer_spans:
+            results[split] = squad_metrics(student, dataset, task, batch_size, mixed_precision)
             continue
         logits = predict_logits(student, dataset, batch_size, mixed_precision)
         results[split] = compute_metrics(task, logits, dataset.labels)

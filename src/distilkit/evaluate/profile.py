@@ -13,8 +13,7 @@ import torch
 
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.tasks import TaskSpec
-from distilkit.evaluate.evaluator import predict_logits
-from distilkit.evaluate.metrics import compute_metrics
+from distilkit.evaluate.evaluator import evaluate_splits
 from distilkit.evaluate.speed import Runner, all_threads, measure, pytorch_runner, speedup, transformer_flops
 from distilkit.export import INT8_FILE, ONNX_FILE, OnnxStudent, export_onnx, quantize_int8
 from distilkit.machine import cpu_has_native_bf16
@@ -65,11 +64,9 @@ class Deployment:
         return lambda threads: (lambda batch, session=self.session(fmt, threads): session.features(batch).logits)
 
     def dev_scores(self, fmt: str, dev: TokenizedDataset, task: TaskSpec) -> dict[str, float]:
-        if fmt.startswith("pytorch"):
-            logits = predict_logits(self.model(), dev, mixed_precision="bf16" if fmt == "pytorch_bf16" else "no")
-        else:
-            logits = predict_logits(self.session(fmt, all_threads()), dev)
-        return compute_metrics(task, logits, dev.labels)
+        model = self.model() if fmt.startswith("pytorch") else self.session(fmt, all_threads())
+        precision = "bf16" if fmt == "pytorch_bf16" else "no"
+        return evaluate_splits(model, {"dev": dev}, task, mixed_precision=precision)["dev"]
 
 
 def count_parameters(module: torch.nn.Module) -> dict[str, int]:

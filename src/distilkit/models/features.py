@@ -66,7 +66,7 @@ class Features:
     attention_mask: torch.Tensor  # (B, T), 1 for real tokens
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, T, D)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (B, H, T, T)
-    logits: torch.Tensor | None = None  # (B, C)
+    logits: torch.Tensor | None = None  # (B, C); a span head (extractive QA): (B, 2, T) start and end scores
     sentence: torch.Tensor | None = None  # (B, D) a student's own sentence vector (the SRA BiLSTM's S_x)
 
     def cls(self, layer: int) -> torch.Tensor:
@@ -104,11 +104,18 @@ def _layer_output(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def head_logits(output) -> torch.Tensor:
-    """The head's predictions: (B, C) for sequences, (B, T, C) for tokens, (B, 2, T) start/end for QA."""
+# the score of padding positions in span logits: softmax gives them no mass, in fp32 and bf16 alike
+PADDING_SCORE = -1e4
+
+
+def head_logits(output, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A head's logits as losses read them, classes along the last axis: (B, C) for sequences, (B, T, C)
+    for tokens, (B, 2, T) start/end for a span head (`*ForQuestionAnswering`), its padding scored
+    PADDING_SCORE when `attention_mask` is given, so that a softmax over tokens covers the real ones only."""
     if getattr(output, "logits", None) is not None:
         return output.logits
-    return torch.stack([output.start_logits, output.end_logits], dim=1)
+    logits = torch.stack([output.start_logits, output.end_logits], dim=1)
+    return logits if attention_mask is None else logits.masked_fill(attention_mask[:, None, :] == 0, PADDING_SCORE)
 
 
 def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
@@ -162,7 +169,7 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
             hooks.append(family.output_module(model, request.depth).register_forward_hook(stop))
         try:
             output = model(**inputs)
-            features.logits = head_logits(output)
+            features.logits = head_logits(output, batch["attention_mask"])
         except _Stop:
             pass
     finally:

@@ -10,6 +10,7 @@ Anything else is a local folder or, for users who are online, a hub id.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import shutil
@@ -69,6 +70,21 @@ def _mpnet() -> Path:
 ALIASES = {"minilm-l6": _minilm, "mpnet-base": _mpnet}
 
 
+def refused_pickle(path: str | Path) -> ModelNotFound:
+    """A model folder whose weights are a pickle holding more than tensors (torch.load weights_only refuses it)."""
+    return ModelNotFound(f"{path}: its weights are a pickle holding more than tensors, which distilkit never "
+                         "loads; save the model as safetensors from a source you trust")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
 def resolve_model(name: str) -> str:
     """A path `from_pretrained` can load: alias -> local folder; folder as is; else a hub id."""
     if name in ALIASES:
@@ -80,4 +96,11 @@ def resolve_model(name: str) -> str:
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFound(f"model folder {name} does not exist")
+    close = difflib.get_close_matches(name.lower(), ALIASES, n=1, cutoff=0.75)
+    if close:  # a misspelt alias would otherwise cost a minute of hub retries
+        raise ModelNotFound(f"model {name!r} is not a folder or an alias; did you mean the alias {close[0]!r}? "
+                            f"(aliases: {', '.join(ALIASES)})")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") and not _in_hub_cache(name):
+        raise ModelNotFound(f"model {name!r} is not a local folder or an alias ({', '.join(ALIASES)}), and "
+                            "HF_HUB_OFFLINE is set so the hub is not asked: give a model folder or an alias")
     return name  # a hub id; from_pretrained reports if it cannot be fetched

@@ -238,7 +238,7 @@ class RefBERTStudent(TransformerStudent):
     @classmethod
     def load(cls, directory: Path) -> RefBERTStudent:
         directory = Path(directory)
-        config = AutoConfig.from_pretrained(directory)
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
         model = AutoModelForSequenceClassification.from_config(config)
         install_reference_attention(model, config.reference_width, config.reference_delta)
         model.load_state_dict(load_file(directory / "model.safetensors"))

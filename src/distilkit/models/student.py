@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
+    AutoTokenizer, PreTrainedModel
 
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import FamilyError, family_of, layer_list_prefix
 from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 
 METADATA_FILE = "distilkit.json"
 
@@ -32,11 +34,25 @@ def uniform_layer_map(student_layers: int, teacher_layers: int) -> list[int]:
     return [math.ceil((i + 1) * teacher_layers / student_layers) for i in range(student_layers)]
 
 
+def head_class(task: TaskSpec):
+    """The Hugging Face model class with the task's head: span scores for extractive QA, else a classifier."""
+    return AutoModelForQuestionAnswering if task.answer_spans else AutoModelForSequenceClassification
+
+
+def saved_head_class(config):
+    """The head class a saved model's config names."""
+    spans = any(a.endswith("ForQuestionAnswering") for a in (config.architectures or []))
+    return AutoModelForQuestionAnswering if spans else AutoModelForSequenceClassification
+
+
 def label_settings(task: TaskSpec) -> dict:
+    if task.answer_spans:
+        return {"num_labels": 2}  # start and end
     if task.is_regression:
         return {"num_labels": 1, "problem_type": "regression", "id2label": {0: "score"}, "label2id": {"score": 0}}
     return {"num_labels": task.num_labels, "problem_type": "single_label_classification",
-            "id2label": dict(enumerate(task.labels)), "label2id": {l: i for i, l in enumerate(task.labels)}}
+            "id2label": dict(enumerate(task.label_names)),
+            "label2id": {name: i for i, name in enumerate(task.label_names)}}
 
 
 class Student(nn.Module):
@@ -58,7 +74,8 @@ class Student(nn.Module):
 
 
 class TransformerStudent(Student):
-    """A Hugging Face sequence classifier; saves as a plain model `AutoModel*` loads without distilkit."""
+    """A Hugging Face sequence classifier or span (QA) model; saves as a plain model `AutoModel*` (and
+    `pipeline`) loads without distilkit."""
 
     kind = "transformer"
 
@@ -103,7 +120,8 @@ class TransformerStudent(Student):
 
     @classmethod
     def load(cls, directory: Path) -> TransformerStudent:
-        return cls(AutoModelForSequenceClassification.from_pretrained(directory).eval())
+        config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
+        return cls(saved_head_class(config).from_pretrained(directory, trust_remote_code=False).eval())
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
@@ -134,18 +152,22 @@ def load_student(directory: str | Path) -> Student:
     kind = read_metadata(directory).get("kind", "transformer")
     if kind not in STUDENT_KINDS:
         raise ValueError(f"{directory} holds a {kind!r} student, which this distilkit does not know")
-    return STUDENT_KINDS[kind][1](directory)
+    try:
+        return STUDENT_KINDS[kind][1](directory)
+    except pickle.UnpicklingError:
+        raise refused_pickle(directory) from None
 
 
-def load_tokenizer(name_or_path: str):
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A model's tokenizer; custom tokenizer code runs only when trusted (never asks on a terminal)."""
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
 
 
 def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None, task: TaskSpec) -> Student:
     labels = label_settings(task)
     if cfg.init == "pretrained":
         path = resolve_model(cfg.pretrained)
-        config = AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         for key, value in labels.items():
             setattr(config, key, value)
         family = family_of(config)
@@ -155,7 +177,10 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
                 raise FamilyError(f"{family.name} student: student.{knob}={wanted} conflicts with the pretrained "
                                   f"model's {family.config_names.get(knob) or knob}={pretrained_shape.get(knob)}; "
                                   "drop the shape or use init=random")
-        model = AutoModelForSequenceClassification.from_pretrained(path, config=config)
+        try:
+            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False)
+        except pickle.UnpicklingError:
+            raise refused_pickle(path) from None
         return TransformerStudent(model)
 
     if teacher_model is None:
@@ -169,7 +194,7 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
     for key, value in labels.items():
         setattr(config, key, value)
     config.architectures = None
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = head_class(task).from_config(config)
     if chosen is not None:
         copy_teacher_layers(teacher_model, model, chosen)
     return TransformerStudent(model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelF
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import family_of
 from distilkit.models.features import Features, FeatureRequest, encoder_features
-from distilkit.models.hub import resolve_model
+from distilkit.models.hub import refused_pickle, resolve_model
 from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device
 
@@ -40,18 +41,27 @@ class Teacher:
         self.head = head_of(config)  # kept with the model: a fine-tuned teacher's predictions are what KD distils
         self.has_head = self.head is not None
         masked_lm = None
-        if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
-            # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
-            masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
-            masked_lm.eval().to(device).requires_grad_(False)
-            self.model = masked_lm.base_model
-        else:
-            loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
-            self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+        try:
+            if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
+                # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
+                masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+                masked_lm.eval().to(device).requires_grad_(False)
+                self.model = masked_lm.base_model
+            else:
+                loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
+                self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+        except pickle.UnpicklingError:
+            raise refused_pickle(self.path) from None
         self.model.requires_grad_(False)
         self._masked_lm = masked_lm
         self._mlm: MLMDistribution | None = None
         self.family = family_of(self.model)
+        # span_head: a *ForQuestionAnswering teacher, whose logits are (B, 2, T) start and end scores
+        self.span_head = self.head == "ForQuestionAnswering"
+        if self.has_head and task is not None and not task.unlabeled and self.span_head != task.answer_spans:
+            raise ValueError(f"teacher {name_or_path} has a {'span (QA)' if self.span_head else 'classification'} "
+                             f"head but task {task.name} needs {'span' if task.answer_spans else 'class'} scores: "
+                             "fine-tune a teacher for this task first")
         if self.head == "ForSequenceClassification" and task is not None and \
                 self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "

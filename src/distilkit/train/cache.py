@@ -4,9 +4,22 @@ Outputs are keyed by the teacher's fingerprint (weights, config, precision) and 
 fingerprint (exact token ids), and stored one file per feature, so runs and methods that ask for
 the same layer share it, and any change to teacher, data or tokenisation computes afresh.
 Hidden states and attention scores are stored as float16 (their range is far inside it; the
-rounding, about 1e-3 relative, is below what distillation can notice); logits as float32.
+rounding, about 1e-3 relative, is below what distillation can notice); logits as float32. A span
+(QA) teacher's logits are per token, so they are stored per window like hidden states: (tokens, 2).
 Files are written under a temporary name and renamed when complete: a crash never leaves a
 partial file that looks valid.
+
+Each entry `<key>.npy` has a `<key>.json` beside it (shape, dtype, rows, examples, CRC-32 of the
+data) written after the array is complete. Before a run uses an entry, its header and file size are
+checked against that metadata, and its checksum once per process (about 1.6 GB/s here: a few
+seconds for the largest caches, against minutes of teacher passes); an entry that is missing,
+truncated, reshaped, altered or not a numpy file is recomputed with a log line, never trusted.
+One process at a time fills an entry folder (a file lock); others wait and then reuse its work.
+
+What is stored never depends on what the cache held before: each missing entry is computed by a
+pass as deep as the method's whole request (a pass the model can make, since a cold run makes it),
+and asking for attention scores does not change what the model computes (models/features.py). So
+a cache that earlier runs of other methods filled gives the same values, bit for bit, as an empty one.
 """
 
 from __future__ import annotations
@@ -14,15 +27,71 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
-from distilkit.models.features import Features, FeatureRequest
+from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
 from distilkit.precision import to_device
+
+_CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
+
+
+def _crc32(array: np.ndarray) -> int:
+    data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    crc, chunk = 0, 1 << 24
+    for start in range(0, len(data), chunk):
+        crc = zlib.crc32(data[start: start + chunk], crc)
+    return crc
+
+
+def _describe_problem(path: Path, expected_rows: int | None, examples: int) -> str | None:
+    """Why a stored array cannot be trusted, or None. `expected_rows`: its first dimension (None: any)."""
+    meta_path = path.with_suffix(".json")
+    if not meta_path.is_file():
+        return "has no metadata (cut short, or written by an older distilkit)"
+    try:
+        meta = json.loads(meta_path.read_text())
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            offset = f.tell()
+    except (ValueError, KeyError, OSError, SyntaxError) as err:
+        return f"is not a readable numpy file ({err})"
+    if list(shape) != meta["shape"] or dtype.str != meta["dtype"] or meta["examples"] != examples:
+        return f"holds shape {list(shape)} {dtype.str} for {meta['examples']} examples, its metadata says " \
+               f"{meta['shape']} {meta['dtype']} for {examples}"
+    if expected_rows is not None and shape[0] != expected_rows:
+        return f"holds {shape[0]} rows where this dataset has {expected_rows}"
+    stat = path.stat()
+    wanted = offset + int(np.prod(shape)) * dtype.itemsize
+    if stat.st_size != wanted:
+        return f"is {stat.st_size} bytes where its shape needs {wanted} (cut short or padded)"
+    seen = (str(path), stat.st_size, stat.st_mtime_ns)
+    if seen not in _CHECKSUMMED:
+        if _crc32(np.load(path, mmap_mode="r", allow_pickle=False)) != meta["crc32"]:
+            return "does not match its checksum (changed after it was written)"
+        _CHECKSUMMED.add(seen)
+    return None
+
+
+def _finish(temporary: Path, final: Path, array: np.ndarray, examples: int) -> None:
+    """Flushes a complete array, renames it into place, then writes the metadata that makes it valid."""
+    array.flush()
+    meta = {"shape": list(array.shape), "dtype": array.dtype.str, "examples": examples, "crc32": _crc32(array)}
+    del array
+    final.with_suffix(".json").unlink(missing_ok=True)
+    os.replace(temporary, final)
+    meta_tmp = final.with_name(final.stem + f".{os.getpid()}.tmp.json")
+    meta_tmp.write_text(json.dumps(meta))
+    os.replace(meta_tmp, final.with_suffix(".json"))
 
 
 def _feature_keys(request: FeatureRequest) -> list[str]:
@@ -36,6 +105,14 @@ def _request_for(keys: list[str]) -> FeatureRequest:
     return FeatureRequest(hidden, attention, "logits" in keys)
 
 
+def _pass_for(keys: list[str], request: FeatureRequest) -> FeatureRequest:
+    """A pass computing `keys` as deep as the whole `request`: a pass the model makes in a cold run too."""
+    wanted = _request_for(keys)
+    if request.logits:  # a full pass with the head, as the cold run makes it
+        return FeatureRequest(wanted.hidden, wanted.attention, True)
+    return FeatureRequest(wanted.hidden | {request.depth}, wanted.attention, False)
+
+
 class TeacherCache:
     def __init__(self, root: Path, teacher, dataset: TokenizedDataset):
         self.teacher = teacher
@@ -47,38 +124,76 @@ class TeacherCache:
         self.pair_offsets = np.concatenate([[0], np.cumsum(self.heads * lengths ** 2)])
         self._arrays: dict[str, np.ndarray] = {}
         self.compute_seconds = 0.0
+        self.span_logits = getattr(teacher, "span_head", False)
 
     def _path(self, key: str) -> Path:
         return self.dir / f"{key}.npy"
 
+    def _rows(self, key: str) -> int:
+        if key.startswith("attention_"):
+            return int(self.pair_offsets[-1])
+        if key.startswith("hidden_") or self.span_logits:  # a span teacher's logits are per token
+            return int(self.token_offsets[-1])
+        return len(self.dataset)
+
+    def _usable(self, key: str, rows: int | None) -> bool:
+        """True when the stored entry can be trusted; an untrustworthy one is removed, with a log line."""
+        path = self._path(key)
+        if not path.is_file():
+            return False
+        problem = _describe_problem(path, rows, len(self.dataset))
+        if problem is None:
+            return True
+        print(f"teacher cache: {path} {problem}; recomputing it")
+        self._arrays.pop(key, None)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".json").unlink(missing_ok=True)
+        return False
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of a writer that died (called with the folder's lock held: no writer is alive)."""
+        for leftover in self.dir.glob("*.tmp.*"):
+            leftover.unlink(missing_ok=True)
+
     def missing(self, request: FeatureRequest) -> list[str]:
-        return [k for k in _feature_keys(request) if not self._path(k).is_file()]
+        return [k for k in _feature_keys(request) if not self._usable(k, self._rows(k))]
 
     def ensure(self, request: FeatureRequest, batch_size: int = 64) -> int:
-        """Computes every requested feature not yet on disk in one pass; returns teacher forward passes."""
-        missing = self.missing(request)
-        if not missing:
-            return 0
+        """Computes every requested feature not usable on disk; returns teacher forward passes."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.dir / ".lock"):
+            self._remove_leftovers()
+            missing = self.missing(request)
+            if not missing:
+                return 0
+            passes_before = self.teacher.forward_passes
+            start = time.perf_counter()
+            self._compute(missing, _pass_for(missing, request), batch_size)
+            self.compute_seconds += time.perf_counter() - start
+            (self.dir / "meta.json").write_text(json.dumps({
+                "teacher": self.teacher.name, "examples": len(self.dataset),
+                "features": sorted(p.stem for p in self.dir.glob("*.npy") if ".tmp" not in p.name)}, indent=1))
+            return self.teacher.forward_passes - passes_before
+
+    def _compute(self, missing: list[str], request: FeatureRequest, batch_size: int) -> None:
         width, n = self.teacher.width, len(self.dataset)
         shapes = {}
         for key in missing:
             if key.startswith("hidden_"):
-                shapes[key] = ((int(self.token_offsets[-1]), width), np.float16)
+                shapes[key] = ((self._rows(key), width), np.float16)
             elif key.startswith("attention_"):
-                shapes[key] = ((int(self.pair_offsets[-1]),), np.float16)
+                shapes[key] = ((self._rows(key),), np.float16)
+            elif self.span_logits:
+                shapes[key] = ((self._rows(key), 2), np.float32)
             else:
                 shapes[key] = ((n, self.teacher.config.num_labels), np.float32)
         temporary = {key: self.dir / f"{key}.{os.getpid()}.tmp.npy" for key in missing}
         arrays = {key: np.lib.format.open_memmap(temporary[key], mode="w+", dtype=dtype, shape=shape)
                   for key, (shape, dtype) in shapes.items()}
-        request_missing = _request_for(missing)
-        passes_before = self.teacher.forward_passes
-        start = time.perf_counter()
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
         for indices in sampler:
             batch = self.dataset.collate([self.dataset[i] for i in indices])
-            features = to_device(self.teacher.features(batch, request_missing), torch.device("cpu"))
+            features = to_device(self.teacher.features(batch, request), torch.device("cpu"))
             for row, index in enumerate(indices):
                 length = int(self.dataset.lengths[index])
                 for key in missing:
@@ -90,17 +205,13 @@ class TeacherCache:
                         value = features.attention[int(key.split("_")[1])][row, :, :length, :length]
                         start_at = self.pair_offsets[index]
                         arrays[key][start_at: self.pair_offsets[index + 1]] = value.reshape(-1).numpy()
+                    elif self.span_logits:
+                        start_at = self.token_offsets[index]
+                        arrays[key][start_at: start_at + length] = features.logits[row, :, :length].T.numpy()
                     else:
                         arrays[key][index] = features.logits[row].numpy()
-        for key, array in arrays.items():
-            array.flush()
-            del array
-            os.replace(temporary[key], self._path(key))
-        self.compute_seconds += time.perf_counter() - start
-        (self.dir / "meta.json").write_text(json.dumps({
-            "teacher": self.teacher.name, "examples": n, "features": sorted(p.stem for p in self.dir.glob("*.npy")
-                                                                          if ".tmp" not in p.name)}, indent=1))
-        return self.teacher.forward_passes - passes_before
+        for key in missing:
+            _finish(temporary[key], self._path(key), arrays.pop(key), n)
 
     def ensure_token_features(self, name: str, request: FeatureRequest,
                               derive: Callable[[dict, Features], dict[str, torch.Tensor]], batch_size: int = 16) -> None:
@@ -111,27 +222,34 @@ class TeacherCache:
         derivation and its settings: teacher and data are already identified by the cache folder.
         """
         done = self.dir / f"{name}.done.json"  # written last: all parts are complete
-        if done.is_file():
-            return
         self.dir.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
-        start = time.perf_counter()
-        for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
-            batch = self.dataset.collate([self.dataset[i] for i in indices])
-            derived = {part: value.cpu().numpy() for part, value in derive(batch, self.teacher.features(batch, request)).items()}
-            for part, value in derived.items():
-                if part not in arrays:
-                    arrays[part] = np.lib.format.open_memmap(
-                        self.dir / f"{name}.{part}.{os.getpid()}.tmp.npy", mode="w+", dtype=value.dtype,
-                        shape=(int(self.token_offsets[-1]), value.shape[-1]))
-                for row, index in enumerate(indices):
-                    start_at = self.token_offsets[index]
-                    arrays[part][start_at: self.token_offsets[index + 1]] = value[row, : self.dataset.lengths[index]]
-        for part, array in arrays.items():
-            array.flush()
-            os.replace(array.filename, self._path(f"{name}.{part}"))
-        self.compute_seconds += time.perf_counter() - start
-        done.write_text(json.dumps({"parts": sorted(arrays), "seconds": round(time.perf_counter() - start, 2)}))
+        with FileLock(self.dir / ".lock"):
+            if done.is_file():
+                parts = json.loads(done.read_text())["parts"]
+                if all(self._usable(f"{name}.{part}", int(self.token_offsets[-1])) for part in parts):
+                    return
+                done.unlink()
+            self._remove_leftovers()
+            arrays: dict[str, np.ndarray] = {}
+            start = time.perf_counter()
+            for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
+                batch = self.dataset.collate([self.dataset[i] for i in indices])
+                derived = {part: value.cpu().numpy()
+                           for part, value in derive(batch, self.teacher.features(batch, request)).items()}
+                for part, value in derived.items():
+                    if part not in arrays:
+                        arrays[part] = np.lib.format.open_memmap(
+                            self.dir / f"{name}.{part}.{os.getpid()}.tmp.npy", mode="w+", dtype=value.dtype,
+                            shape=(int(self.token_offsets[-1]), value.shape[-1]))
+                    for row, index in enumerate(indices):
+                        start_at = self.token_offsets[index]
+                        arrays[part][start_at: self.token_offsets[index + 1]] = value[row, : self.dataset.lengths[index]]
+            parts = sorted(arrays)
+            for part in parts:
+                array = arrays.pop(part)
+                _finish(Path(array.filename), self._path(f"{name}.{part}"), array, len(self.dataset))
+            self.compute_seconds += time.perf_counter() - start
+            done.write_text(json.dumps({"parts": parts, "seconds": round(time.perf_counter() - start, 2)}))
 
     def lookup_token_features(self, name: str, parts: list[str], batch: dict) -> dict[str, torch.Tensor]:
         """Stored per-token arrays of the batch's examples, zero-padded like the batch: {part: (B, T, W)}."""
@@ -176,7 +294,13 @@ class TeacherCache:
                 out[row, :, :n, :n] = source[self.pair_offsets[index]: self.pair_offsets[index + 1]].reshape(
                     self.heads, n, n)
             features.attention[layer] = torch.from_numpy(out)
-        if request.logits:
+        if request.logits and self.span_logits:
+            source = self._array("logits")
+            out = np.full((size, 2, longest), PADDING_SCORE, dtype=np.float32)
+            for row, index in enumerate(ids):
+                out[row, :, : lengths[index]] = source[self.token_offsets[index]: self.token_offsets[index + 1]].T
+            features.logits = torch.from_numpy(out)
+        elif request.logits:
             features.logits = torch.from_numpy(np.asarray(self._array("logits")[ids], dtype=np.float32))
         return features
 

@@ -15,11 +15,17 @@ import json
 import os
 import random
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint to resume from, naming the damaged file."""
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -86,11 +92,45 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    pointer = Path(directory) / "checkpoints" / "latest"
+    """The newest complete checkpoint; a damaged one (a truncated file, say) is named and skipped for the
+    one before it, and if none is usable the run stops rather than start over silently."""
+    root = Path(directory) / "checkpoints"
+    pointer = root / "latest"
     if not pointer.is_file():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if (path / "state.json").is_file() else None
+    named = root / pointer.read_text().strip()
+    candidates = [named] + sorted((p for p in root.glob("step-*") if p.is_dir() and p != named), reverse=True)
+    problems = []
+    for path in candidates:
+        if not (path / "state.json").is_file():
+            continue
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if problems:
+                print(f"warning: {'; '.join(problems)}; resuming from {path} instead")
+            return path
+        problems.append(problem)
+    if problems:
+        raise CheckpointError(f"{problems[0]}, and no earlier checkpoint is usable: move {root} aside to start "
+                              "the run afresh")
+    return None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be loaded (a damaged file, named), or None; reads headers only."""
+    for name in ("trainable.safetensors", "rng.safetensors"):
+        try:
+            with safe_open(str(path / name), framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own error types for a short or garbled file
+            return f"checkpoint file {path / name} is damaged ({str(err).splitlines()[0]})"
+    if not zipfile.is_zipfile(path / "optimizer.pt"):
+        return f"checkpoint file {path / 'optimizer.pt'} is damaged (not a complete torch zip file)"
+    try:
+        json.loads((path / "state.json").read_text())["step"]
+    except (ValueError, KeyError) as err:
+        return f"checkpoint file {path / 'state.json'} is damaged ({err})"
+    return None
 
 
 def load_checkpoint(path: Path, trainable: torch.nn.Module, optimizer, scheduler, rank: int = 0,

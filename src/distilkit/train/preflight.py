@@ -1,0 +1,45 @@
+"""Checks a run passes before it trains: mismatches that would otherwise train silently or crash late."""
+
+from __future__ import annotations
+
+# families whose position ids start after the padding index (RoBERTa's 514 positions hold 512 tokens)
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet", "longformer")
+
+
+def usable_positions(model_config) -> int | None:
+    """Longest input a model's absolute position embeddings can take, or None when it has no such limit
+    (relative or rotary positions: DeBERTa-v2/v3 without position_biased_input, ModernBERT)."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    model_type = getattr(model_config, "model_type", "")
+    if positions is None or model_type == "modernbert":
+        return None
+    if model_type.startswith("deberta") and not getattr(model_config, "position_biased_input", True):
+        return None
+    if getattr(model_config, "position_embedding_type", "absolute") != "absolute":
+        return None
+    if model_type in _OFFSET_POSITIONS:
+        return positions - (getattr(model_config, "pad_token_id", 1) or 0) - 1
+    return positions
+
+
+def check_max_length(max_length: int, longest: int, models: dict[str, object], knob: str = "data.max_length") -> None:
+    """Inputs must fit every model's position embeddings ({role: model config}); `longest` is the longest
+    tokenised input the run reads (at most max_length). A max_length above the positions is harmless
+    while no input reaches past them, so the data decides."""
+    for role, model_config in models.items():
+        limit = usable_positions(model_config) if model_config is not None else None
+        if limit is not None and longest > limit:
+            raise ValueError(f"max length {max_length} lets inputs of {longest} tokens through, but the {role} has "
+                             f"only {limit} positions: set {knob} to at most {limit}")
+
+
+def check_same_vocabulary(teacher_tokenizer, student_tokenizer, teacher: str, student: str) -> None:
+    """The student reads the teacher's token ids, so both must map tokens to ids the same way (compared
+    token by token: two vocabularies of one size can still differ)."""
+    teacher_vocab, student_vocab = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+    if teacher_vocab == student_vocab:
+        return
+    differing = sum(1 for token, index in teacher_vocab.items() if student_vocab.get(token) != index)
+    raise ValueError(f"the student {student} has another vocabulary than the teacher {teacher} ({len(student_vocab)} "
+                     f"vs {len(teacher_vocab)} tokens, {differing} of the teacher's map elsewhere or are missing): "
+                     "use a student with the teacher's tokenizer, or student.init=random/teacher_layers")

@@ -1,0 +1,222 @@
+"""A catalogue of bad input through the real CLI: each case exits with code 2 and one line that names
+the file or field and the fix, never a traceback. The README's Troubleshooting section summarises it.
+
+Config cases stop at validation; the others stop while the run is built (tiny models, nothing trains).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from filelock import FileLock
+from transformers import BertForSequenceClassification, BertTokenizerFast
+from typer.testing import CliRunner
+
+from conftest import make_tokenizer, tiny_bert_config, write_glue
+from distilkit.cli import _quiet_libraries, app
+
+
+@dataclass
+class Where:
+    tmp: Path
+    glue: Path
+    teacher: Path  # a 2-label tiny BERT classifier (64 positions)
+    base: Path  # the same without a head
+
+    def file(self, name: str, text: str | bytes) -> Path:
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def distill(self, *sets: str) -> list[str]:
+        """A valid KD run, changed by `sets`."""
+        base = [f"data.dir={self.glue}", f"teacher.model={self.teacher}", "method.name=kd", "student.init=random",
+                "student.layers=1", "train.max_steps=1", "train.mixed_precision=no", f"output.dir={self.tmp / 'out'}"]
+        return ["distill"] + [a for s in base + list(sets) for a in ("--set", s)]
+
+    def custom(self, train: Path, *sets: str, dev: Path | None = None) -> list[str]:
+        return self.distill("task.name=custom", "task.text_columns=[text]", "task.labels=['0','1']",
+                            f"task.train_file={train}", *( [f"task.dev_file={dev}"] if dev else []), *sets)
+
+
+def _student_with_other_vocabulary(w: Where) -> Path:
+    directory = w.tmp / "other-student"
+    vocab = list(BertTokenizerFast.from_pretrained(w.teacher).get_vocab())
+    directory.mkdir()
+    (directory / "vocab.txt").write_text("\n".join(sorted(vocab, reverse=True)) + "\n")
+    BertTokenizerFast(vocab=str(directory / "vocab.txt")).save_pretrained(directory)
+    BertForSequenceClassification(tiny_bert_config(len(vocab), layers=1)).save_pretrained(directory)
+    return directory
+
+
+def _pickled_model(w: Where) -> Path:
+    directory = w.tmp / "pickled"
+    BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
+    make_tokenizer(directory).save_pretrained(directory)
+    (directory / "model.safetensors").unlink()
+    torch.save({"weights": Evil()}, directory / "pytorch_model.bin")
+    return directory
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def _finished_run(w: Where) -> Path:
+    out = w.tmp / "finished"
+    out.mkdir()
+    (out / "config.yaml").write_text("task: {name: sst2}\n")
+    (out / "metrics.json").write_text("{}")
+    return out
+
+
+def _locked(w: Where) -> Path:
+    out = w.tmp / "busy"
+    out.mkdir()
+    w.lock = FileLock(out / ".distilkit.lock", timeout=0)
+    w.lock.acquire()
+    return out
+
+
+LONG = " ".join(["good film"] * 40)  # 80 words: longer than the tiny models' 64 positions
+TSV = "text\tlabel\nthe film was good\t1\na dull film\t0\n"
+
+# id -> (arguments given a Where, what the one-line message must contain)
+CASES: dict[str, tuple] = {
+    # the config file and --set
+    "config file missing": (lambda w: ["distill", str(w.tmp / "nope.yaml")], ["nope.yaml", "does not exist"]),
+    "config not YAML": (lambda w: ["distill", str(w.file("bad.yaml", "task: [sst2\n"))], ["bad.yaml", "not valid YAML"]),
+    "config not a mapping": (lambda w: ["distill", str(w.file("list.yaml", "- a\n- b\n"))], ["mapping of sections"]),
+    "config empty": (lambda w: ["distill", str(w.file("empty.yaml", "\n"))], ["empty.yaml", "is empty"]),
+    "unknown section": (lambda w: w.distill("trian.epochs=3"), ["trian", "Extra inputs"]),
+    "unknown field": (lambda w: w.distill("train.epoch=3"), ["train.epoch", "Extra inputs"]),
+    "--set without =": (lambda w: ["distill", "--set", "train.epochs"], ["train.epochs", "section.field=value"]),
+    "--set value not YAML": (lambda w: w.distill("train.epochs=[1,"), ["train.epochs=[1,", "not valid YAML"]),
+    "--set into a value": (lambda w: w.distill("train.epochs.x=1"), ["train.epochs", "valid number"]),
+    "bad choice": (lambda w: w.distill("train.mixed_precision=fp8"), ["train.mixed_precision", "'bf16'"]),
+    "negative learning rate": (lambda w: w.distill("train.learning_rate=-1"), ["train.learning_rate", "greater than 0"]),
+    "wrong type": (lambda w: w.distill("train.batch_size=many"), ["train.batch_size", "integer"]),
+    "unknown method": (lambda w: w.distill("method.name=kdd"), ["unknown method 'kdd'", "choose one of"]),
+    "bad method parameter": (lambda w: w.distill("method.temperature=0"), ["method.temperature"]),
+    "method needs a teacher": (lambda w: w.distill("teacher.model=null"), ["'kd'", "set teacher.model"]),
+    "unknown GLUE task": (lambda w: w.distill("task.name=sst3"), ["sst3"]),
+    "custom task without columns": (lambda w: w.distill("task.name=custom"), ["text_columns"]),
+    "custom task without train file": (lambda w: w.distill("task.name=custom", "task.text_columns=[text]"),
+                                       ["train_file"]),
+    "classification metric on regression": (
+        lambda w: w.distill("task.name=custom", "task.text_columns=[text]", "task.train_file=x.tsv",
+                            "task.metrics=[accuracy]"), ["['accuracy']", "regression", "pearson"]),
+    "task.metrics on a GLUE task": (lambda w: w.distill("task.metrics=[f1]"), ["task.metrics", "custom tasks"]),
+    "unlabeled task without corpus": (lambda w: w.distill("task.name=unlabeled"), ["data.corpus"]),
+    "max_length too small": (lambda w: w.distill("data.max_length=4"), ["data.max_length", "8"]),
+    "teacher_layers without teacher": (lambda w: ["finetune", "--set", "student.init=teacher_layers"],
+                                       ["teacher_layers", "set teacher.model"]),
+    "pretrained without a path": (lambda w: w.distill("student.init=pretrained"), ["student.pretrained"]),
+    "unknown preset": (lambda w: w.distill("student.preset=S9-100"), ["student.preset"]),
+    # data
+    "no data directory": (lambda w: w.distill("data.dir=null"), ["data.dir", "DISTILKIT_DATA"]),
+    "data directory missing": (lambda w: w.distill(f"data.dir={w.tmp / 'nodata'}"), ["nodata", "does not exist"]),
+    "GLUE train file missing": (lambda w: w.distill(f"data.dir={w.tmp}", "task.name=stsb"),
+                                ["no train file", "STS-B"]),
+    "custom file missing": (lambda w: w.custom(w.tmp / "none.tsv"), ["none.tsv", "does not exist"]),
+    "custom file type": (lambda w: w.custom(w.file("train.txt", TSV)), ["train.txt", "unsupported file type"]),
+    "not UTF-8": (lambda w: w.custom(w.file("latin1.tsv", TSV.encode() + "caf\xe9\t1\n".encode("latin-1"))),
+                  ["latin1.tsv:4", "UTF-8"]),
+    "header-only file": (lambda w: w.custom(w.file("header.tsv", "text\tlabel\n")), ["header.tsv", "no examples"]),
+    "bad training label": (lambda w: w.custom(w.file("labels.tsv", TSV + "fine\tmaybe\n")),
+                           ["labels.tsv:4", "'maybe'"]),
+    "wrong field count": (lambda w: w.custom(w.file("fields.tsv", TSV + "one\ttwo\tthree\n")),
+                          ["fields.tsv:4", "tab-separated"]),
+    "missing column": (lambda w: w.custom(w.file("cols.tsv", "sentence\tlabel\nhi\t1\n")), ["cols.tsv", "lacks"]),
+    "broken jsonl dev line": (lambda w: w.custom(w.file("t.tsv", TSV), dev=w.file("dev.jsonl", '{"text": "a", "label": "1"}\n{"text": \n')),
+                              ["dev.jsonl:2", "not valid JSON"]),
+    "bad dev label": (lambda w: w.distill(f"data.dir={w.bad_dev}"), ["dev.tsv:3", "'7'"]),
+    # models
+    "teacher folder missing": (lambda w: w.distill(f"teacher.model={w.tmp / 'gone'}"), ["gone", "does not exist"]),
+    "teacher folder without config": (lambda w: w.distill(f"teacher.model={w.glue}"), ["no config.json"]),
+    "misspelt alias": (lambda w: w.distill("teacher.model=minilm-l7"), ["minilm-l7", "did you mean", "minilm-l6"]),
+    "hub id while offline": (lambda w: w.distill("teacher.model=bert-base-uncasedd"), ["HF_HUB_OFFLINE"]),
+    "inputs longer than positions": (
+        lambda w: w.custom(w.file("long.tsv", f"text\tlabel\n{LONG}\t1\nshort\t0\n")), ["64 positions",
+                                                                                      "data.max_length"]),
+    "student with another vocabulary": (lambda w: w.distill("student.init=pretrained",
+                                                            f"student.pretrained={_student_with_other_vocabulary(w)}"),
+                                        ["another vocabulary"]),
+    "teacher layer out of range": (lambda w: w.distill("student.init=teacher_layers", "student.layers=2",
+                                                       "student.teacher_layers=[1,9]"), ["teacher_layers", "between 1"]),
+    "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),
+    "student deeper than teacher": (lambda w: w.distill("student.init=teacher_layers", "student.layers=9"),
+                                    ["9-layer student"]),
+    "pickled teacher weights": (lambda w: w.distill(f"teacher.model={_pickled_model(w)}"), ["pickled", "safetensors"]),
+    "teacher for another task": (lambda w: w.distill("task.name=stsb"), ["labels", "fine-tune"]),
+    # the output folder
+    "output.dir not a run": (lambda w: w.distill(f"output.dir={w.glue}"), ["not a distilkit run", "output.dir"]),
+    "output.dir holds a finished run": (lambda w: w.distill(f"output.dir={_finished_run(w)}"),
+                                        ["finished run", "output.overwrite"]),
+    "output.dir in use": (lambda w: w.distill(f"output.dir={_locked(w)}"), ["in use by another distilkit run"]),
+    "output.dir is a file": (lambda w: w.distill(f"output.dir={w.file('afile', 'x')}"), ["is a file"]),
+    # predict, evaluate, export, recipe, bench
+    "predict without input": (lambda w: ["predict", str(w.teacher)], ["give text"]),
+    "predict empty text": (lambda w: ["predict", str(w.teacher), "good", " "], ["input 2 is empty"]),
+    "predict mixed forms": (lambda w: ["predict", str(w.teacher), "a", "b ||| c"], ["mix of single texts"]),
+    "predict text too long": (lambda w: ["predict", str(w.teacher), LONG, "--max-length", "200"],
+                              ["64 positions", "--max-length"]),
+    "predict model missing": (lambda w: ["predict", str(w.tmp / "nomodel"), "hi"], ["nomodel", "does not exist"]),
+    "predict ONNX not exported": (lambda w: ["predict", str(w.teacher), "hi", "--onnx"], ["model.onnx",
+                                                                                           "distilkit export"]),
+    "evaluate without task": (lambda w: ["evaluate", str(w.teacher)], ["--task"]),
+    "export into a full folder": (lambda w: ["export", str(w.teacher), str(w.glue)], ["not empty"]),
+    "unknown --preset name": (lambda w: ["distill", "--preset", "kd-sst3"], ["kd-sst3"]),
+    "bench plan missing": (lambda w: ["bench", str(w.tmp / "s.yaml")], ["s.yaml"]),
+}
+
+
+@pytest.fixture()
+def where(tmp_path, glue_dir, tiny_teacher, tiny_base_model, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _quiet_libraries()  # as `distilkit` (cli.main) does before running the app
+    w = Where(tmp_path, glue_dir, tiny_teacher, tiny_base_model)
+    bad = write_glue(tmp_path / "bad-dev", n_train=16, n_dev=4)
+    dev = bad / "glue" / "SST-2" / "dev.tsv"
+    lines = dev.read_text().splitlines()
+    lines[2] = lines[2].rsplit("\t", 1)[0] + "\t7"
+    dev.write_text("\n".join(lines) + "\n")
+    w.bad_dev = bad
+    yield w
+    if getattr(w, "lock", None) is not None:
+        w.lock.release()
+    AcceleratorState._reset_state(reset_partial_state=True)  # in one process: leave no precision set for later tests
+
+
+def run_case(where: Where, name: str):
+    make_args, _ = CASES[name]
+    return CliRunner().invoke(app, [str(a) for a in make_args(where)])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_exits_2_with_one_line_naming_the_problem(where, name):
+    result = run_case(where, name)
+    _, expected = CASES[name]
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, (result.exit_code, result.stderr, result.stdout)
+    message = result.stderr.strip()
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len(message.splitlines()) == 1, message
+    for part in expected:
+        assert part in message, (part, message)
+    assert not (where.tmp / "out").exists(), "a refused run wrote its output folder"
+
+
+def test_catalogue_is_at_least_40_cases():
+    assert len(CASES) >= 40
+
+
+if __name__ == "__main__":  # the README's table: python tests/test_bad_input.py (from tests/)
+    print(json.dumps(sorted(CASES), indent=1))

@@ -1,0 +1,385 @@
+"""No silent wrong results, no damaged outputs (issue 23; the cache top-ups of issue 16).
+
+Each test is a case that misbehaved before: a cache trusted blindly, a warm cache changing a run, a
+student reading another vocabulary, an output folder clobbered or raced, a failed start blocking its
+rerun, leftovers of a killed run, replayed log lines, untrusted custom code, a damaged checkpoint.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from filelock import FileLock
+from safetensors.torch import load_file
+from transformers import BertForSequenceClassification, BertTokenizerFast
+
+from conftest import make_tokenizer, tiny_bert_config
+from distilkit.config import build_config
+from distilkit.run import RunError, build_run, run_experiment
+from distilkit.train import cache as cache_module
+from distilkit.train import distiller as distiller_module
+from distilkit.train.cache import TeacherCache
+from distilkit.train.checkpoint import CheckpointError
+from distilkit.train.outdir import LOCK_FILE
+
+PYTHON = sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # later tests in this process choose their own precision
+
+
+def tiny_config(glue_dir, teacher, out, method=None, **train) -> dict:
+    return {
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32},
+        "teacher": {"model": str(teacher)},
+        "student": {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random"},
+        "method": method or {"name": "kd"},
+        "train": {"max_steps": 3, "batch_size": 8, "learning_rate": 1e-3, "mixed_precision": "no",
+                  "log_every": 1, **train},
+        "output": {"dir": str(out)},
+    }
+
+
+def final_weights(out):
+    return load_file(out / "final" / "model.safetensors")
+
+
+def same_weights(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- the teacher cache ------------------------------------------------------------------------------
+
+def _damage(path, how: str) -> None:
+    if how == "altered":  # same shape, other values: only the checksum can tell
+        array = np.load(path, mmap_mode="r+")
+        array[0] = array[0] + 1
+        array.flush()
+    elif how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    elif how == "reshaped":
+        np.save(path, np.zeros((3, 5), dtype=np.float32))
+    elif how == "garbage":
+        path.write_bytes(b"not a numpy file at all" * 10)
+    elif how == "pickled":
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif how == "no_metadata":
+        path.with_suffix(".json").unlink()
+
+
+@pytest.mark.parametrize("how", ["altered", "truncated", "reshaped", "garbage", "pickled", "no_metadata"])
+def test_damaged_teacher_cache_entry_is_recomputed_not_trusted(tmp_path, glue_dir, tiny_teacher, capsys, how):
+    run = build_run(build_config(tiny_config(glue_dir, tiny_teacher, tmp_path / "out")))
+    request = run.teacher_source.request
+    assert run.teacher_cache.ensure(request) > 0
+    pristine = np.array(run.teacher_cache.stored("logits"))
+    path = run.teacher_cache.dir / "logits.npy"
+    _damage(path, how)
+    cache_module._CHECKSUMMED.clear()  # a new process: checksums are verified once per process
+    fresh = TeacherCache(run.teacher_cache.dir.parents[2], run.teacher, run.train_data)
+    passes = fresh.ensure(request)
+    assert passes > 0, "a damaged entry was used instead of recomputed"
+    assert f"teacher cache: {path}" in capsys.readouterr().out  # the log line names the file
+    assert np.array_equal(np.asarray(fresh.stored("logits")), pristine)
+    assert fresh.ensure(request) == 0  # and the recomputed entry is trusted again
+
+
+def test_kill_9_while_the_teacher_cache_is_written_then_rerun_is_bit_identical(tmp_path, glue_dir, tiny_teacher):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "killed",
+                         method={"name": "tinybert", "schedule": "joint"})
+    cache_dir = tmp_path / "cache-killed"
+    config["teacher"]["cache_dir"] = str(cache_dir)
+    ready = tmp_path / "ready"
+    script = f"""
+import json, sys, time
+from distilkit.config import build_config
+from distilkit.run import build_run
+run = build_run(build_config(json.loads(sys.argv[1])))
+real = run.teacher.features
+def slow(batch, request, **kw):
+    if run.teacher.forward_passes == 2:  # some rows of the memmaps are written: die in the middle
+        open({str(ready)!r}, "w").close()
+        time.sleep(600)
+    return real(batch, request, **kw)
+run.teacher.features = slow
+run.teacher_cache.ensure(run.teacher_source.request, 16)
+"""
+    child = subprocess.Popen([PYTHON, "-c", script, json.dumps(config)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for _ in range(1200):
+            if ready.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ready.exists(), "the writer never reached the middle of the cache"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    entry = next(cache_dir.glob("teacher-outputs/*/*"))
+    assert list(entry.glob("*.tmp.npy")), "the kill should have left temporary files behind"
+
+    killed = run_experiment(build_config(config))
+    assert killed["teacher_forward_passes"] > 0
+    assert not list(entry.glob("*.tmp*")), "the killed writer's temporary files are removed"
+    clean = dict(config, output={"dir": str(tmp_path / "clean")}, teacher={**config["teacher"],
+                                                                            "cache_dir": str(tmp_path / "cache-clean")})
+    run_experiment(build_config(clean))
+    assert same_weights(final_weights(tmp_path / "killed"), final_weights(tmp_path / "clean"))
+
+
+def test_cache_filled_by_other_methods_gives_the_same_run_as_an_empty_cache(tmp_path, glue_dir, tiny_teacher):
+    """Issue 16: KD and PKD fill part of the cache (logits, some hidden states) with their own passes; a
+    TinyBERT run on that warm cache must equal the same run on an empty cache, loss for loss."""
+    warm_cache, cold_cache = tmp_path / "warm-cache", tmp_path / "cold-cache"
+    for name, method in (("kd", {"name": "kd"}), ("pkd", {"name": "pkd"})):
+        config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method=method)
+        config["teacher"]["cache_dir"] = str(warm_cache)
+        run_experiment(build_config(config))
+    tinybert = {"name": "tinybert", "schedule": "joint"}
+    results = {}
+    for name, cache in (("warm", warm_cache), ("cold", cold_cache)):
+        config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method=tinybert)
+        config["teacher"]["cache_dir"] = str(cache)
+        metrics = run_experiment(build_config(config))
+        assert metrics["teacher_forward_passes"] > 0  # the warm cache lacked the attention scores
+        log = [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        results[name] = ([r for r in log if "loss" in r], final_weights(tmp_path / name))
+    assert results["warm"][0] == results["cold"][0]
+    assert same_weights(results["warm"][1], results["cold"][1])
+
+
+def test_cached_logits_are_bitwise_the_live_teacher_logits(tmp_path, glue_dir, tiny_teacher):
+    """Logits are stored as float32 from the default attention kernel, as a live pass of a freshly loaded
+    teacher gives them, also when the request that stored them asked for attention scores too (before,
+    they came from the score-returning kernel: a KD run then saw other logits from a warm cache)."""
+    run = build_run(build_config(tiny_config(glue_dir, tiny_teacher, tmp_path / "out",
+                                             method={"name": "tinybert", "schedule": "joint"})))
+    request = run.teacher_source.request
+    assert request.attention and request.logits
+    run.teacher_cache.ensure(request, batch_size=16)
+    from distilkit.data.dataset import LengthBucketBatchSampler
+    from distilkit.models.features import FeatureRequest
+
+    # a batch as the cache computed it (padding changes the float rounding of a pass)
+    indices = next(iter(LengthBucketBatchSampler(run.train_data.lengths, 16, seed=0, shuffle=False)))
+    batch = run.train_data.collate([run.train_data[i] for i in indices])
+    cached = run.teacher_cache.lookup(batch, request)
+    from distilkit.models.teacher import Teacher
+
+    live = Teacher(str(tiny_teacher)).features(batch, FeatureRequest(hidden=request.hidden, logits=True))
+    assert torch.equal(cached.logits, live.logits)
+    for layer in request.hidden:  # stored as float16: equal to the live value rounded to float16
+        mask = batch["attention_mask"][..., None]
+        assert torch.equal(cached.hidden[layer], (live.hidden[layer].half().float() * mask))
+
+
+# --- vocabularies ------------------------------------------------------------------------------------
+
+def _student_with_vocabulary(directory, vocabulary: list[str]):
+    directory.mkdir(parents=True)
+    (directory / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True)
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(len(vocabulary), layers=2)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("change", ["same_size_other_tokens", "smaller"])
+def test_student_with_another_vocabulary_is_refused_before_training(tmp_path, glue_dir, tiny_teacher, change):
+    teacher_vocab = list(BertTokenizerFast.from_pretrained(tiny_teacher).get_vocab())
+    teacher_vocab.sort(key=BertTokenizerFast.from_pretrained(tiny_teacher).get_vocab().get)
+    vocabulary = (teacher_vocab[:5] + list(reversed(teacher_vocab[5:])) if change == "same_size_other_tokens"
+                  else teacher_vocab[:-10])
+    student = _student_with_vocabulary(tmp_path / "student", vocabulary)
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out")
+    config["student"] = {"init": "pretrained", "pretrained": str(student)}
+    with pytest.raises(ValueError, match="another vocabulary"):
+        run_experiment(build_config(config))
+    assert not (tmp_path / "out").exists()
+
+
+# --- the output folder -------------------------------------------------------------------------------
+
+def test_folder_that_is_not_a_run_is_never_written(tmp_path, glue_dir, tiny_teacher):
+    folder = tmp_path / "my-model"
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "model.safetensors").write_bytes(b"precious")
+    (folder / "log.jsonl").write_text("mine\n")
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    for overwrite in (False, True):
+        config = tiny_config(glue_dir, tiny_teacher, folder)
+        config["output"]["overwrite"] = overwrite
+        with pytest.raises(RunError, match="not a distilkit run"):
+            run_experiment(build_config(config))
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if "replaced" in p.name]  # nothing moved aside either
+
+
+def test_second_run_on_a_locked_output_folder_is_refused(tmp_path, glue_dir, tiny_teacher):
+    out = tmp_path / "out"
+    out.mkdir()
+    with FileLock(out / LOCK_FILE, timeout=0):  # what a running distilkit holds
+        with pytest.raises(RunError, match="in use by another distilkit run"):
+            run_experiment(build_config(tiny_config(glue_dir, tiny_teacher, out)))
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+    run_experiment(build_config(tiny_config(glue_dir, tiny_teacher, out)))  # a lock left by a dead run: no matter
+    assert (out / "metrics.json").is_file() and not (out / LOCK_FILE).exists()
+
+
+def test_failed_start_leaves_nothing_and_the_fixed_rerun_runs(tmp_path, glue_dir, tiny_teacher):
+    out = tmp_path / "runs" / "out"
+    config = tiny_config(glue_dir, tiny_teacher, out)
+    config["eval"] = {"splits": ["dev_typo"]}
+    with pytest.raises(Exception, match="dev_typo"):
+        run_experiment(build_config(config))
+    assert not (tmp_path / "runs").exists(), "a failed start left files behind"
+    del config["eval"]
+    config["train"]["max_steps"] = 1
+    assert run_experiment(build_config(config))["steps"] == 1
+
+
+def test_leftover_tmp_checkpoints_are_removed_at_the_next_start(tmp_path, glue_dir, tiny_teacher):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out", checkpoint_every=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    from distilkit.config import dump_config
+
+    (out / "config.yaml").write_text(dump_config(build_config(config)))  # an unfinished run of this config
+    leftover = out / "checkpoints" / ".step-00000002.4242.tmp"
+    leftover.mkdir(parents=True)
+    (leftover / "trainable.safetensors").write_bytes(b"x" * 1000)
+    (out / "checkpoints" / "latest.4242.tmp").write_text("step-00000002")
+    run_experiment(build_config(config))
+    assert not list((out / "checkpoints").glob("*.tmp")) and not list((out / "checkpoints").glob(".*.tmp"))
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "whole", max_steps=8, checkpoint_every=3)
+    config["eval"] = {"every_steps": 5}
+    run_experiment(build_config(config))
+    config["output"]["dir"] = str(tmp_path / "crashed")
+    real = distiller_module.Distiller._evaluate_and_keep_best
+
+    def die_at_step_5(self, wrapped, state, *args):
+        if state.step == 5:  # steps 4 and 5 are logged, the last checkpoint is at step 3
+            raise Crash
+        return real(self, wrapped, state, *args)
+
+    monkeypatch.setattr(distiller_module.Distiller, "_evaluate_and_keep_best", die_at_step_5)
+    with pytest.raises(Crash):
+        run_experiment(build_config(config))
+    monkeypatch.setattr(distiller_module.Distiller, "_evaluate_and_keep_best", real)
+    run_experiment(build_config(config))
+
+    def steps(name):
+        return [json.loads(line)["step"] for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+
+    assert steps("crashed") == steps("whole")
+    assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, glue_dir, tiny_teacher, monkeypatch,
+                                                                     capsys):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "whole", max_steps=6, checkpoint_every=2,
+                         keep_checkpoints=2)
+    run_experiment(build_config(config))
+    config["output"]["dir"] = str(tmp_path / "crashed")
+    real_save = distiller_module.save_checkpoint
+
+    def save_then_die(directory, *args, **kwargs):
+        path = real_save(directory, *args, **kwargs)
+        if args[3]["step"] == 4:
+            raise Crash
+        return path
+
+    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
+    with pytest.raises(Crash):
+        run_experiment(build_config(config))
+    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+    damaged = tmp_path / "crashed" / "checkpoints" / "step-00000004" / "trainable.safetensors"
+    with open(damaged, "r+b") as f:
+        f.truncate(damaged.stat().st_size - 100)
+    run_experiment(build_config(config))
+    assert str(damaged) in capsys.readouterr().out
+    assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))
+
+
+def test_only_checkpoint_truncated_stops_with_its_name(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out", max_steps=4, checkpoint_every=2)
+    real_save = distiller_module.save_checkpoint
+
+    def save_then_die(directory, *args, **kwargs):
+        real_save(directory, *args, **kwargs)
+        raise Crash
+
+    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
+    with pytest.raises(Crash):
+        run_experiment(build_config(config))
+    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+    damaged = tmp_path / "out" / "checkpoints" / "step-00000002" / "optimizer.pt"
+    damaged.write_bytes(damaged.read_bytes()[:50])
+    with pytest.raises(CheckpointError, match=str(damaged)):
+        run_experiment(build_config(config))
+
+
+# --- custom code -------------------------------------------------------------------------------------
+
+EVIL_CODE = """
+from pathlib import Path
+Path({marker!r}).write_text("custom code ran")
+from transformers import BertConfig, BertTokenizerFast
+
+
+class EvilConfig(BertConfig):
+    model_type = "evilbert"
+
+
+class EvilTokenizer(BertTokenizerFast):
+    pass
+"""
+
+
+def test_custom_code_tokenizer_never_runs_when_untrusted(tmp_path, glue_dir, tiny_teacher):
+    """Before, AutoTokenizer asked "run the custom code? [y/N]" (on stdin) although trust_remote_code was
+    false, and "y" ran it."""
+    model = tmp_path / "custom-model"
+    model.mkdir()
+    marker = tmp_path / "ran"
+    make_tokenizer(model).save_pretrained(model)
+    (model / "evil.py").write_text(EVIL_CODE.format(marker=str(marker)))
+    config = tiny_bert_config(40).to_dict() | {
+        "model_type": "evilbert", "auto_map": {"AutoConfig": "evil.EvilConfig",
+                                               "AutoTokenizer": ["evil.EvilTokenizer", None]}}
+    (model / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    result = subprocess.run(
+        [PYTHON, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
+         "--set", f"teacher.model={model}", "--set", "method.name=kd", "--set", "student.init=random",
+         "--set", f"output.dir={tmp_path / 'out'}"],
+        input="y\ny\ny\n", capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")})
+    assert not marker.exists(), "custom code ran although trust_remote_code is false"
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "trust_remote_code" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,112 @@
+"""Students ready to share: label names, model cards that match metrics.json, publishing (hub mocked)."""
+
+import json
+
+import pytest
+from huggingface_hub import ModelCard
+from typer.testing import CliRunner
+
+from distilkit.config import build_config
+from distilkit.run import run_experiment
+
+
+def kd_config(glue_dir, teacher, out) -> dict:
+    return {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 64},
+            "teacher": {"model": str(teacher)}, "student": {"layers": 2, "init": "teacher_layers"},
+            "method": {"name": "kd", "temperature": 2.0},
+            "train": {"epochs": 1, "batch_size": 16, "learning_rate": 1e-3, "mixed_precision": "no"},
+            "output": {"dir": str(out)}}
+
+
+def card_scores(card: ModelCard) -> dict:
+    scores: dict = {}
+    for result in card.data.eval_results:
+        scores.setdefault(result.dataset_split, {})[result.metric_type] = result.metric_value
+    return scores
+
+
+@pytest.fixture(scope="module")
+def kd_run(tmp_path_factory, tiny_teacher):
+    from conftest import write_glue
+
+    root = tmp_path_factory.mktemp("share")
+    glue_dir = write_glue(root / "data")
+    out = root / "kd"
+    return out, run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))
+
+
+def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tiny_teacher):
+    out, metrics = kd_run
+    assert metrics == json.loads((out / "metrics.json").read_text())
+    for folder, scores in (("best", metrics["best_scores"]), ("final", metrics["final"])):
+        # ignore_metadata_errors=False: the metadata (model-index included) must parse as Hub card data
+        card = ModelCard.load(out / folder / "README.md", ignore_metadata_errors=False)
+        assert scores and card_scores(card) == scores, folder
+        assert card.data.pipeline_tag == "text-classification" and card.data.datasets == ["nyu-mll/glue"]
+        assert card.data.distillation["method"] == "kd" and "Hinton" in card.data.distillation["paper"]
+        assert card.data.distillation["teacher"] == str(tiny_teacher)
+        assert "```yaml" in card.text and "method:" in card.text  # the config that made it
+    assert set(metrics["teacher_scores"]) == set(metrics["final"])  # the teacher scored on the same dev data
+    speed = metrics["dev_throughput"]
+    assert speed["student"] > 0 and speed["teacher"] > 0
+    card = ModelCard.load(out / "final" / "README.md")
+    assert f"{metrics['teacher_scores']['dev']['accuracy']:.4f}" in card.text
+    assert f"{metrics['params']['total']:,}" in card.text
+
+
+def test_pipeline_answers_with_sst2_label_names(kd_run):
+    from transformers import pipeline
+
+    out, _ = kd_run
+    classify = pipeline("text-classification", model=str(out / "best"))
+    assert {r["label"] for r in classify(["the film was good", "a dull boring plot"])} <= {"negative", "positive"}
+
+
+def test_export_keeps_the_card(kd_run, tmp_path):
+    from distilkit.export import export
+
+    out, _ = kd_run
+    export(out / "best", tmp_path / "deploy")
+    assert (tmp_path / "deploy" / "README.md").read_text() == (out / "best" / "README.md").read_text()
+
+
+def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
+    from distilkit.cli import app
+
+    out, _ = kd_run
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            calls.append(("create", repo_id, private, exist_ok))
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, repo_id, folder_path, commit_message=None):
+            calls.append(("upload", repo_id, sorted(p.name for p in folder_path.iterdir())))
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    result = CliRunner().invoke(app, ["push", str(out / "best"), "me/tiny-kd", "--private"])
+    assert result.exit_code == 0, result.output
+    assert calls[0] == ("create", "me/tiny-kd", True, True)
+    assert calls[1][0] == "upload" and {"README.md", "config.json", "model.safetensors"} <= set(calls[1][2])
+    result = CliRunner().invoke(app, ["push", str(out), "me/tiny-kd"])  # the run folder, not a student
+    assert result.exit_code == 2 and "not a saved student" in result.output
+
+
+def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp_path, monkeypatch):
+    pushed = []
+    monkeypatch.setattr("distilkit.run.push_to_hub", lambda folder, repo: pushed.append((folder, repo)) or repo)
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "run")
+    config["output"]["push_to_hub"] = "me/tiny-kd"
+    config["train"]["max_steps"] = 2
+    run_experiment(build_config(config))
+    assert pushed == [(tmp_path / "run" / "best", "me/tiny-kd")]
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    from distilkit.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"distilkit {version('distilkit')}"
