@@ -16,7 +16,9 @@ linear decay, gradient clipping at 1.0, seed 42. Both sides get the same student
 
 Each side runs in its own process (peak RSS is that process's VmHWM). Training time per epoch
 excludes dev evaluation on both sides; distilkit's first epoch includes building its teacher cache
-(the cache starts empty). Results: <out>/results.json and <out>/README.md.
+(the cache starts empty). Results: <out>/results.json and <out>/README.md (sections added by hand below
+the generated table, from the first "## " heading on, are kept), and the results as JSON on stdout (the
+benchmark plan `vs-textbrewer` runs it as steps: `distilkit bench vs-textbrewer`).
 
     python benchmarks/vs_textbrewer.py                                       # the full comparison
     python benchmarks/vs_textbrewer.py --examples 300 --epochs 1 --out /tmp/vs-tb-smoke   # smoke run
@@ -25,8 +27,10 @@ excludes dev evaluation on both sides; distilkit's first epoch includes building
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -209,6 +213,7 @@ def main() -> None:
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer")
+    parser.add_argument("--readme-command", help="the command README.md gives to reproduce it (default: this one)")
     parser.add_argument("--side", choices=["distilkit", "textbrewer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.data:
@@ -222,8 +227,10 @@ def main() -> None:
         if work.exists():
             shutil.rmtree(work)  # a cold start: no teacher cache, no checkpoint to resume
         work.mkdir(parents=True)
-        result = (run_distilkit if args.side == "distilkit" else run_textbrewer)(args, work)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result alone
+            result = (run_distilkit if args.side == "distilkit" else run_textbrewer)(args, work)
         (work / "result.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
         return
 
     from distilkit.machine import environment
@@ -231,7 +238,7 @@ def main() -> None:
     sides = {}
     for side in ("distilkit", "textbrewer"):
         print(f"== {side}", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, *sys.argv, "--side", side], check=True)
+        subprocess.run([sys.executable, *sys.argv, "--side", side], check=True, stdout=subprocess.DEVNULL)
         sides[side] = json.loads((side_folder(args, side) / "result.json").read_text())
     dk, tb = sides["distilkit"], sides["textbrewer"]
     result = {"job": {"teacher": args.teacher, "examples": args.examples, "epochs": args.epochs, "lr": args.lr,
@@ -241,11 +248,15 @@ def main() -> None:
                          "epoch_1": tb["epoch_seconds"][0] / dk["epoch_seconds"][0],
                          "dev_accuracy_difference": dk["dev_accuracy"] - tb["dev_accuracy"]}}
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    command = "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
     result["command"] = command
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
-    (args.out / "README.md").write_text(markdown(result, command))
-    print(markdown(result, command))
+    readme = args.out / "README.md"
+    added = readme.read_text().partition("\n## ")[1:] if readme.is_file() else ("", "")
+    text = markdown(result, args.readme_command or command)
+    readme.write_text(text + "".join(added))
+    print(text, file=sys.stderr)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,13 +9,15 @@ folder per extra seed, each made by
   done; done
 and writes seeds.json beside the main run's results (timings are not compared here: they come from the
 side-by-side run in results.json). A distilkit side run with --distilkit-bucket-batches N (its own folder,
-distilkit-bucketN; seed 42's under seed-42) is compared with TextBrewer too.
+distilkit-bucketN; seed 42's under seed-42) is compared with TextBrewer too. Prints seeds.json's content
+(the table goes to stderr); the plan `vs-textbrewer` runs all of it: `distilkit bench vs-textbrewer`.
 Usage: python benchmarks/vs_textbrewer_seeds.py [--main-work DIR] [--seeds-work DIR] [--out DIR]
 """
 
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +67,8 @@ def main() -> None:
         lines.append(f"| {side} − textbrewer (points) | "
                      + " | ".join(f"{d['per_seed'][seed]:+.1f}" if seed in d["per_seed"] else "–" for seed in by_seed)
                      + f" | {d['mean']:+.1f} ± {d['stdev']:.1f} ({d['seeds']}) |")
-    print("\n".join(lines))
+    print("\n".join(lines), file=sys.stderr)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -288,14 +288,14 @@ def test_codir_memory_bank_momentum_update_of_positives_only():
 def test_codir_fine_tuning_negatives_have_another_label():
     method = _codir(negatives=5)
     labels = torch.tensor([0, 1, 0, 1, 1, 0])
-    ids = method.negative_ids({"labels": torch.tensor([0, 1])})
+    ids = method.negative_rows({"labels": torch.tensor([0, 1])})
     assert ids.shape == (2, 5)
     assert (labels[ids[0]] == 1).all() and (labels[ids[1]] == 0).all()
 
 
 def test_codir_batch_negatives_are_other_rows_of_the_batch():
     method = _codir(negative_sampling="batch", negatives=10)
-    ids = method.negative_ids({"example_ids": torch.tensor([5, 2, 3])})
+    ids = method.negative_rows({"example_ids": torch.tensor([5, 2, 3])})
     assert ids.shape == (3, 2)  # K capped at B - 1
     assert sorted(ids[0].tolist()) == [2, 3] and sorted(ids[1].tolist()) == [3, 5]
 
@@ -309,11 +309,11 @@ def test_codir_crd_term_is_info_nce_over_bank_negatives_and_only_a_taken_step_up
     torch.manual_seed(7)
     terms = method.loss_terms(batch, student, teacher, Progress(0, 10))
     torch.manual_seed(7)
-    negative_ids = method.negative_ids(batch)
+    negative_rows = method.negative_rows(batch)
     pooled_s = torch.cat([student.mean_pooled(1), student.mean_pooled(2)], -1)
     pooled_t = torch.cat([teacher.mean_pooled(i) for i in (1, 2, 3, 4)], -1)
     h_s, h_t = method.student_head(pooled_s), method.teacher_head(pooled_t)
-    expected = losses.info_nce(h_t, h_s, bank_before[negative_ids], 0.5)
+    expected = losses.info_nce(h_t, h_s, bank_before[negative_rows], 0.5)
     assert set(terms) == {"ce", "crd"}
     assert terms["crd"].item() == pytest.approx(expected.item(), abs=1e-6)
     assert terms["ce"].item() == pytest.approx(losses.hard_cross_entropy(student.logits, batch["labels"]).item())
@@ -382,7 +382,9 @@ def test_presets_carry_each_papers_settings():
     assert (codir.pooling, codir.temperature, codir.momentum, codir.dim) == ("mean", 0.07, 0.5, 128)
     codir_pre = load_config(PRESETS / "codir-pretrain.yaml", [f"teacher.model={ROOT}"]).method
     assert (codir_pre.objective, codir_pre.negative_sampling, codir_pre.kd_weight, codir_pre.crd_weight) == (
-        "pretrain", "batch", 0.1, 0.1)
+        "pretrain", "bank", 0.1, 0.1)  # K = 1000 read from the bank: in-batch would cap K at 31 on batch 32
+    pre = load_config(PRESETS / "codir-pretrain.yaml", [f"teacher.model={ROOT}"])
+    assert codir_pre.bank_size and pre.data.mlm_probability == 0.15 and pre.task.name == "unlabeled"
 
 
 # ---------------------------------------------------------------------------------------------- 2 processes

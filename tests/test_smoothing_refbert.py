@@ -73,7 +73,6 @@ def test_one_hot_soft_inputs_give_exactly_the_ordinary_forward():
 def test_mlm_top_k_table_is_computed_once_and_read_back_padded(tmp_path, tiny_base_model):
     from distilkit.data.dataset import TokenizedDataset
     from distilkit.data.readers import Example
-    from distilkit.models.mlm import mlm_top_k
     from distilkit.models.student import load_tokenizer
     from distilkit.models.teacher import Teacher
     from distilkit.train.cache import TeacherCache
@@ -84,7 +83,7 @@ def test_mlm_top_k_table_is_computed_once_and_read_back_padded(tmp_path, tiny_ba
     request = FeatureRequest(hidden=frozenset({4}))
 
     def derive(batch, features):
-        ids, probs = mlm_top_k(teacher.model, features.hidden[4], 3)
+        ids, probs = teacher.mlm.top_k(features.hidden[4], 3)
         return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
     TeacherCache(tmp_path, teacher, data).ensure_token_features("top3", request, derive)
     passes = teacher.forward_passes

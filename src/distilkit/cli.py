@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -381,6 +382,43 @@ def smooth_samples(text: Annotated[str, typer.Argument(help="the sentence to smo
     except _user_errors() as err:
         _fail(err)
     print(json.dumps({"text": text, "lam": lam, "top_k": top_k, "samples": drawn}, indent=2))
+
+
+@app.command("fit-mlm-head")
+def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or alias without an MLM head (minilm-l6)")],
+                 corpus: Annotated[list[str], typer.Option(help="unlabeled text files or globs (relative to "
+                                                                  "$DISTILKIT_DATA too), e.g. wiki/*.txt")],
+                 out: Annotated[Path, typer.Option(help="new teacher folder: the encoder plus mlm_head.safetensors")],
+                 steps: int = 300, batch_size: int = 32, max_length: int = 128,
+                 learning_rate: float = 1e-3, seed: int = 42,
+                 heldout_fraction: Annotated[float, typer.Option(help="share of documents held out for the "
+                                                                      "accuracy figures")] = 0.01,
+                 heldout_examples: int = 256,
+                 threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default)")] = 0,
+                 report: Annotated[Path | None, typer.Option(help="also write the settings and held-out "
+                                                                  "accuracies to this JSON")] = None) -> None:
+    """Fit BERT's MLM head (transform + decoder tied to the word embeddings) on a frozen encoder."""
+    import torch
+
+    from distilkit.data.corpus import resolve_corpus_files
+    from distilkit.data.readers import DATA_ENV
+    from distilkit.train.mlm_head import fit_mlm_head as fit, write_report
+
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        if steps < 1 or batch_size < 1 or max_length < 8 or not 0 < heldout_fraction < 1 or heldout_examples < 1:
+            raise ValueError("need --steps >= 1, --batch-size >= 1, --max-length >= 8, "
+                             "0 < --heldout-fraction < 1 and --heldout-examples >= 1")
+        data_dir = os.environ.get(DATA_ENV)
+        files = resolve_corpus_files(corpus, Path(data_dir) if data_dir else None)
+        info = fit(teacher, files, out, steps, batch_size, max_length, learning_rate, seed, heldout_examples,
+                   heldout_fraction, log=lambda line: console.print(line))
+    except _user_errors() as err:
+        _fail(err)
+    if report is not None:
+        write_report(info, report)
+    print(json.dumps(info["heldout"]["scores"], indent=2))
 
 
 def _quiet_libraries() -> None:

@@ -40,7 +40,7 @@ import torch
 
 from distilkit.config import AugmentConfig
 from distilkit.data.readers import DataError, Example
-from distilkit.models.mlm import mlm_logits, word_embeddings
+from distilkit.models.mlm import word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
 
@@ -114,7 +114,7 @@ class Candidates:
             for row, chosen in enumerate(targets[start: start + self.batch_size]):
                 positions = (batch["input_ids"][row] == self.tokenizer.mask_token_id).nonzero().flatten()
                 # masks appear in word order; truncation may have dropped the last ones
-                logits = mlm_logits(self.teacher.model, hidden[row, positions]).float()
+                logits = self.teacher.mlm.logits(hidden[row, positions]).float()
                 logits[:, ~self.allowed] = float("-inf")
                 for (ti, wi), scores in zip(chosen, logits):
                     original = words[ti][wi].lower()

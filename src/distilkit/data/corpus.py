@@ -13,6 +13,11 @@ Train / held-out split: a document is held out when a hash of its first line fal
 `heldout_fraction`, so the split is the same on every run and machine and never overlaps. The
 held-out set is the first `heldout_examples` examples of held-out documents.
 
+Example ids: a corpus example's `example_ids` is a 63-bit hash of (file name, byte offset of its chunk,
+its index in the chunk): the same on every pass, run and machine, and distinct across chunks and files
+(a collision among n examples has probability about n²/2⁶⁴). A memory bank keyed by id (CoDIR-Pre) maps
+them to its rows.
+
 Resuming mid-corpus: a position is (file, byte offset of the chunk, batches already served from
 it). Re-reading one chunk from that offset gives the same batches, so a resumed run continues
 exactly where it stopped without re-reading the corpus.
@@ -24,6 +29,8 @@ import glob
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
 from distilkit.data.readers import DataError, Example
@@ -49,6 +56,29 @@ def resolve_corpus_files(patterns: list[str], data_dir: Path | None) -> list[Pat
     return files
 
 
+def check_text_file(path: Path, sniff_bytes: int = 65536) -> None:
+    """Refuses a corpus file that is not UTF-8 text (a binary, an archive, a model file) before any training."""
+    if not path.is_file():
+        raise DataError(f"corpus file {path} does not exist or is not a file")
+    with open(path, "rb") as f:
+        head = f.read(sniff_bytes)
+    if b"\0" in head:
+        raise DataError(f"corpus file {path} is not text (it holds NUL bytes): give plain UTF-8 text files, "
+                        "one paragraph per line")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 4:  # not merely a character cut at the sniff boundary
+            raise DataError(f"corpus file {path} is not UTF-8 text (byte {head[err.start]:#04x} at offset "
+                            f"{err.start}): re-save it as UTF-8") from None
+
+
+def corpus_example_id(file: Path, offset: int, index: int) -> int:
+    """A stable id for the index-th example of the chunk at `offset` of `file` (module docstring)."""
+    digest = hashlib.blake2b(repr((Path(file).name, offset, index)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
 def stable_seed(*parts) -> int:
     """A seed from any JSON-able values, the same on every machine and Python run."""
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
@@ -66,6 +96,11 @@ class TextCorpus:
         if not files:
             raise DataError("the corpus has no files")
         self.files = [Path(f) for f in files]
+        for path in self.files:
+            check_text_file(path)
+        if all(path.stat().st_size == 0 for path in self.files):
+            raise DataError(f"every corpus file is empty ({', '.join(map(str, self.files[:3]))}"
+                            f"{', ...' if len(self.files) > 3 else ''}): point data.corpus.files at text")
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.unit = unit
@@ -192,8 +227,10 @@ class TextCorpus:
             for number, indices in enumerate(sampler.epoch_batches(0)[start:], start=start + 1):
                 if pending is not None:
                     yield pending[0], pending[1], False
-                pending = (dataset.collate([dataset[i] for i in indices]),
-                           {"file": file_index, "offset": offset, "batch": number})
+                batch = dataset.collate([dataset[i] for i in indices])
+                batch["example_ids"] = torch.tensor([corpus_example_id(self.files[file_index], offset, i)
+                                                     for i in indices], dtype=torch.long)
+                pending = (batch, {"file": file_index, "offset": offset, "batch": number})
                 served_any = True
         if pending is not None:
             yield pending[0], None, True

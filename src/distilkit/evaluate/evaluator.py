@@ -13,24 +13,32 @@ from distilkit.models.features import FeatureRequest
 from distilkit.precision import autocast, module_device, to_device
 
 
-@torch.inference_mode()
-def predict_logits(student, dataset: TokenizedDataset, batch_size: int = 128,
-                   mixed_precision: str = "no") -> np.ndarray:
-    """Logits in dataset order, computed on the student's device; batches are length-sorted so padding costs
-    little."""
+def batch_logits(student, dataset: TokenizedDataset, batch_size: int = 128, mixed_precision: str = "no"):
+    """(indices, logits) per length-sorted batch (padding costs little), on the student's device, in eval mode.
+    Span (QA) logits keep their batch's padded length, so callers that stack them must handle that."""
     was_training = student.training
     student.eval()
     device = module_device(student)
-    out = None
     sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, seed=0, shuffle=False)
-    for indices in sampler:
-        batch = to_device(dataset.collate([dataset[i] for i in indices]), device)
-        with autocast(device, mixed_precision):
-            logits = student.features(batch, FeatureRequest(logits=True)).logits.float().cpu().numpy()
+    try:
+        with torch.inference_mode():
+            for indices in sampler:
+                batch = to_device(dataset.collate([dataset[i] for i in indices]), device)
+                with autocast(device, mixed_precision):
+                    logits = student.features(batch, FeatureRequest(logits=True)).logits
+                yield indices, logits.float().cpu().numpy()
+    finally:
+        student.train(was_training)
+
+
+def predict_logits(student, dataset: TokenizedDataset, batch_size: int = 128,
+                   mixed_precision: str = "no") -> np.ndarray:
+    """Sequence logits (N, C) in dataset order."""
+    out = None
+    for indices, logits in batch_logits(student, dataset, batch_size, mixed_precision):
         if out is None:
             out = np.zeros((len(dataset), logits.shape[-1]), dtype=np.float32)
         out[indices] = logits
-    student.train(was_training)
     return out
 
 

@@ -10,12 +10,20 @@ indexed by example id. Only the positives are written back, with momentum β (eq
 training step that computed them (`after_optimizer_step`): scoring a loss on held-out data leaves the bank as it is.
 Negatives (§3.3): fine-tuning draws K training examples whose label differs from the positive's;
 pre-training draws them from the same mini-batch (the global batch under multi-process training)
-and still reads their representations from the bank.
+and still reads their representations from the bank, so K is at most the global batch − 1 there (the
+paper's pre-training batches are large). `negative_sampling: bank` instead reads K rows of the bank at
+random (CRD's way, Tian et al. 2019), other than the positive's own row, so K is not capped by the
+batch: what the CoDIR-Pre preset uses on this CPU's batch of 32.
+The bank has `bank_size` rows (default: one per training example). An example's row is its id modulo
+`bank_size`: a labelled training set's ids are 0..N−1, so each has its own row; a streamed corpus's ids
+are stable 63-bit hashes (data/corpus.py), so over a corpus larger than the bank several examples share
+a row, which then holds the momentum average of the most recent of them (a pool of recent student
+representations, as a bank over a corpus too large to hold must be).
 Objective (eq. 1): L = L_CE + α₁ L_KD + α₂ L_CRD with L_KD = KL(softmax(zᵗ/ρ) ‖ softmax(zˢ/ρ)) (eq. 2);
 for regression tasks CE and KD become MSE. CoDIR-Pre (`objective: pretrain`) replaces L_CE by the
 student's MLM loss and distils the teacher's MLM distribution at the masked positions; each model's
-real MLM head is used when it has one, else the tied-embedding projection h_L·Eᵀ (models/mlm.py; our
-students are sequence classifiers, so theirs is always the projection on their own word embeddings). That needs
+teacher's MLM distribution is `Teacher.mlm` (a fitted or own MLM head, else the logged tied projection,
+models/mlm.py); the student's is its own head if it has one, else the projection on its own word embeddings. That needs
 batches with `mlm_labels` (token ids at masked positions, −100 elsewhere): an unlabeled corpus with
 data.mlm_probability set.
 
@@ -38,7 +46,7 @@ from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import Features, FeatureRequest
-from distilkit.models.mlm import mlm_logits
+from distilkit.models.mlm import of_model, word_embeddings
 
 
 @register_method
@@ -52,7 +60,8 @@ class CoDIR(Method):
         teacher_layers: list[int] | None = None  # concatenated into h̄ᵗ (1-based); default: all
         dim: int = Field(128, ge=1)  # m
         negatives: int = Field(1000, ge=1)  # K; the paper searches 100, 500, 1000
-        negative_sampling: Literal["other_label", "batch"] = "other_label"  # fine-tuning / pre-training (§3.3)
+        negative_sampling: Literal["other_label", "batch", "bank"] = "other_label"  # fine-tuning / pre-training (§3.3)
+        bank_size: int | None = Field(None, ge=2)  # rows of M; default: the training set's size (required on a corpus)
         temperature: float = Field(0.07, gt=0)  # τ of eq. (4)
         momentum: float = Field(0.5, gt=0, lt=1)  # β of eq. (5)
         kd_weight: float = Field(0.7, ge=0)  # α₁
@@ -70,13 +79,20 @@ class CoDIR(Method):
         self.teacher_head = nn.Linear(len(self.teacher_layers) * ctx.teacher.width, params.dim)  # φᵗ
         bound = 1 / math.sqrt(params.dim / 3)
         # M: a buffer, so it is saved in every checkpoint and restored on resume
-        self.register_buffer("memory", torch.rand(ctx.train_size, params.dim) * 2 * bound - bound)
+        rows = params.bank_size or ctx.train_size
+        if rows is None:
+            raise ValueError("codir on a streamed corpus needs a memory-bank size: set method.bank_size "
+                             "(e.g. 65536; examples map to rows by id modulo the size)")
+        if params.negative_sampling == "bank" and rows < 2:
+            raise ValueError("negative_sampling=bank needs a bank of at least 2 rows")
+        self.register_buffer("memory", torch.rand(rows, params.dim) * 2 * bound - bound)
         self.other_label_pools: list[torch.Tensor] = []
         if params.negative_sampling == "other_label":
             self.other_label_pools = self._other_label_pools()
         self.positives: list[tuple[torch.Tensor, torch.Tensor]] = []  # this step's (ids, h₀ˢ), for eq. (5)
-        if params.objective == "pretrain" and params.negative_sampling != "batch":
-            raise ValueError("CoDIR-Pre has no labels to pick negatives by: set method.negative_sampling=batch")
+        if params.objective == "pretrain" and params.negative_sampling == "other_label":
+            raise ValueError("CoDIR-Pre has no labels to pick negatives by: set method.negative_sampling=batch "
+                             "(the paper) or negative_sampling=bank")
 
     def _other_label_pools(self) -> list[torch.Tensor]:
         """For each class, the ids of the training examples with another label (fine-tuning negatives)."""
@@ -109,30 +125,40 @@ class CoDIR(Method):
 
     # negatives and the memory bank ----------------------------------------------------------------
 
-    def negative_ids(self, batch: dict) -> torch.Tensor:
-        """(B, K) example ids of each row's negatives (§3.3)."""
+    def rows(self, example_ids: torch.Tensor) -> torch.Tensor:
+        """The bank row of each example: its id modulo the bank size (the module docstring says why)."""
+        return example_ids % self.memory.shape[0]
+
+    def negative_rows(self, batch: dict) -> torch.Tensor:
+        """(B, K) bank rows of each row's negatives (§3.3)."""
         k = self.params.negatives
+        if self.params.negative_sampling == "bank":
+            own = self.rows(batch["example_ids"]).cpu()
+            n = self.memory.shape[0]
+            draws = torch.randint(n - 1, (len(own), k))
+            return draws + (draws >= own[:, None]).long()  # uniform over the other n − 1 rows
         if self.params.negative_sampling == "other_label":
             draws = []
             for label in batch["labels"].tolist():
                 pool = self.other_label_pools[int(label)]
                 draws.append(pool[torch.multinomial(torch.ones(len(pool)), k, replacement=k > len(pool))])
-            return torch.stack(draws)
+            return self.rows(torch.stack(draws))
         ids, offset = self.gather_batch(batch["example_ids"])
         n_local = batch["example_ids"].shape[0]
         if len(ids) < 2:
             raise ValueError("in-batch negatives need a batch of at least 2 examples")
         order = torch.rand(n_local, len(ids))
         order[torch.arange(n_local), offset + torch.arange(n_local)] = float("inf")  # never the row itself
-        return ids[order.argsort(dim=1)[:, :min(k, len(ids) - 1)]]
+        return self.rows(ids[order.argsort(dim=1)[:, :min(k, len(ids) - 1)]])
 
     @torch.no_grad()
     def update_memory(self, example_ids: torch.Tensor, student_repr: torch.Tensor) -> None:
         """Eq. (5) for the positives of the global batch, so every process keeps the same bank."""
         ids, _ = self.gather_batch(example_ids)
         reprs, _ = self.gather_batch(student_repr.float())
+        rows = self.rows(ids).to(self.memory.device)
         beta = self.params.momentum
-        self.memory[ids] = beta * self.memory[ids] + (1 - beta) * reprs
+        self.memory[rows] = beta * self.memory[rows] + (1 - beta) * reprs
 
     def training_step(self, student_model, batch, teacher, progress):
         """Keeps the positives h₀ˢ for the bank: `after_optimizer_step` writes them once the step is taken."""
@@ -155,7 +181,7 @@ class CoDIR(Method):
         if p.crd_weight:
             student_repr = self.representation(student, self.student_layers, self.student_head)
             teacher_repr = self.representation(teacher, self.teacher_layers, self.teacher_head)
-            negatives = self.memory[self.negative_ids(batch)]  # the bank before this step's update
+            negatives = self.memory[self.negative_rows(batch).to(self.memory.device)]  # bank before this step's update
             crd = losses.info_nce(teacher_repr, student_repr, negatives, p.temperature)
         if p.objective == "pretrain":
             task, kd = self.masked_lm_terms(batch, student, teacher)
@@ -169,9 +195,11 @@ class CoDIR(Method):
         if "mlm_labels" not in batch:
             raise ValueError("objective=pretrain needs masked batches with mlm_labels (the unlabeled-text "
                              "pipeline's MLM masking); use objective=finetune on labelled task data")
+        if self.params.kd_weight:  # the teacher's MLM distribution must be over the student's words
+            self.ctx.teacher.mlm.check_vocabulary(word_embeddings(self.ctx.student.model).shape[0])
         masked = batch["mlm_labels"] != -100
-        student_logits = mlm_logits(self.ctx.student.model, student.hidden[self.student_layers[-1]][masked])
+        student_logits = of_model(self.ctx.student.model).logits(student.hidden[self.student_layers[-1]][masked])
         with torch.no_grad():
-            teacher_logits = mlm_logits(self.ctx.teacher.model, teacher.hidden[self.ctx.teacher.num_layers][masked])
+            teacher_logits = self.ctx.teacher.mlm.logits(teacher.hidden[self.ctx.teacher.num_layers][masked])
         mlm = losses.hard_cross_entropy(student_logits, batch["mlm_labels"][masked])
         return mlm, losses.kl_divergence(student_logits, teacher_logits, self.params.kd_temperature)

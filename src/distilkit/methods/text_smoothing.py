@@ -31,7 +31,6 @@ from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
-from distilkit.models.mlm import mlm_top_k, word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache
@@ -77,10 +76,7 @@ class TextSmoothing(Method):
         if not hasattr(student, "word_embeddings"):
             raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
                              f"{student.kind!r} student has none: use student.kind=transformer")
-        s_vocab, t_vocab = student.word_embeddings().num_embeddings, word_embeddings(teacher.model).shape[0]
-        if s_vocab != t_vocab:
-            raise ValueError(f"the student's vocabulary ({s_vocab}) differs from the teacher's ({t_vocab}): "
-                             "soft word ids need the teacher's tokenizer and vocabulary")
+        teacher.mlm.check_vocabulary(student.word_embeddings().num_embeddings)  # soft word ids index both
         if params.kd_weight and not ctx.teacher.has_head:
             raise ValueError(f"kd_weight > 0 needs the teacher's logits, but {ctx.teacher.name} has no "
                              "classification head: point teacher.model at a fine-tuned teacher (and "
@@ -94,8 +90,7 @@ class TextSmoothing(Method):
         last = FeatureRequest(hidden=frozenset({teacher.num_layers}))
 
         def top_k(batch, features):
-            ids, probs = mlm_top_k(teacher.model, features.hidden[teacher.num_layers], params.top_k,
-                                   params.mlm_temperature)
+            ids, probs = teacher.mlm.top_k(features.hidden[teacher.num_layers], params.top_k, params.mlm_temperature)
             return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
         self.table.ensure_token_features(self.table_name, last, top_k)
 
@@ -126,7 +121,7 @@ def sample_smoothed_sentences(teacher, tokenizer, text: str, samples: int = 5, l
     batch = dict(tokenizer([text], return_tensors="pt", truncation=True))
     last = teacher.num_layers
     hidden = teacher.features(batch, FeatureRequest(hidden=frozenset({last}))).hidden[last]
-    mlm_ids, mlm_probs = mlm_top_k(teacher.model, hidden, top_k, temperature)
+    mlm_ids, mlm_probs = teacher.mlm.top_k(hidden, top_k, temperature)
     ids, weights = losses.smooth_inputs(batch["input_ids"], mlm_ids, mlm_probs, lam,
                                         one_hot_positions(batch, special_token_ids(teacher)))
     positions = []  # per position: the distinct words and their summed weights

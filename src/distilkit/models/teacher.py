@@ -5,15 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
-    AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, \
+    AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import family_of
 from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import refused_pickle, resolve_model
+from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device
 
 
@@ -38,12 +40,21 @@ class Teacher:
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         self.head = head_of(config)  # kept with the model: a fine-tuned teacher's predictions are what KD distils
         self.has_head = self.head is not None
-        loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
+        masked_lm = None
         try:
-            self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+            if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
+                # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
+                masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+                masked_lm.eval().to(device).requires_grad_(False)
+                self.model = masked_lm.base_model
+            else:
+                loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
+                self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
         except pickle.UnpicklingError:
             raise refused_pickle(self.path) from None
         self.model.requires_grad_(False)
+        self._masked_lm = masked_lm
+        self._mlm: MLMDistribution | None = None
         self.family = family_of(self.model)
         # span_head: a *ForQuestionAnswering teacher, whose logits are (B, 2, T) start and end scores
         self.span_head = self.head == "ForQuestionAnswering"
@@ -63,6 +74,13 @@ class Teacher:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def mlm(self) -> MLMDistribution:
+        """P_MLM(·|x): the fitted head beside the teacher, its own MLM head, else the tied projection (logged)."""
+        if self._mlm is None:
+            self._mlm = teacher_mlm(self.path, self.model, self._masked_lm, self.name)
+        return self._mlm
 
     @property
     def num_layers(self) -> int:
@@ -92,7 +110,9 @@ class Teacher:
         if self._fingerprint is None:
             digest = hashlib.sha256(json.dumps(self.model.config.to_diff_dict(), sort_keys=True,
                                                default=str).encode())
-            for key, tensor in sorted(self.model.state_dict().items()):
+            has_mlm_head = self._masked_lm is not None or (Path(self.path) / HEAD_FILE).is_file()
+            head = self.mlm.head.state_dict() if has_mlm_head else {}
+            for key, tensor in sorted(self.model.state_dict().items()) + sorted(head.items()):
                 digest.update(key.encode())
                 digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             digest.update(self.mixed_precision.encode())

@@ -1,0 +1,258 @@
+"""The papers' whole pipelines on tiny data (issue 18): CoDIR-Pre on a streamed corpus then CoDIR, RefBERT
+general distillation on a corpus with text references then task distillation, and their bad inputs."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+from distilkit.config import build_config
+from distilkit.data.corpus import TextCorpus
+from distilkit.run import run_experiment
+from test_corpus import write_corpus
+
+PRESETS = Path(__file__).resolve().parents[1] / "src" / "distilkit" / "presets"
+TINY_STUDENT = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random", "preset": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm_teacher(tmp_path_factory, tiny_base_model):
+    """A tiny BertForMaskedLM: a teacher that ships with its MLM head."""
+    directory = tmp_path_factory.mktemp("tiny-mlm-teacher")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
+    torch.manual_seed(5)
+    BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=4,
+                               num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+                    ).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def preset(name: str, changes: dict) -> dict:
+    return merged(yaml.safe_load((PRESETS / name).read_text()), changes)
+
+
+def corpus_run(corpus: Path, teacher: Path, out: Path, **changes) -> dict:
+    """Settings that shrink a shipped corpus preset to tiny data: 2 steps, a 2-layer student."""
+    return merged({"data": {"max_length": 32, "corpus": {"files": [str(corpus)], "heldout_fraction": 0.1,
+                                                         "heldout_examples": 16, "chunk_lines": 40}},
+                   "teacher": {"model": str(teacher)}, "student": TINY_STUDENT,
+                   "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+                   "eval": {"every_steps": 2}, "output": {"dir": str(out)}}, changes)
+
+
+# ------------------------------------------------------------------------------------------ corpus ids
+
+
+def test_corpus_example_ids_are_unique_across_chunks_and_stable_across_passes(tmp_path, tiny_base_model):
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
+    path = write_corpus(tmp_path / "c.txt", documents=60)
+    corpus = TextCorpus([path], tokenizer, max_length=32, chunk_lines=20)
+    first = [b["example_ids"] for b, _, _ in corpus.batches(8, 0, 0, None)]
+    ids = torch.cat(first)
+    chunks = {after["offset"] for _, after, _ in corpus.batches(8, 0, 0, None) if after}
+    assert len(chunks) > 2  # several chunks, each numbering its examples from 0
+    assert len(set(ids.tolist())) == len(ids)
+    again = torch.cat([b["example_ids"] for b, _, _ in corpus.batches(8, 1, 1, None)])  # another pass, order
+    assert sorted(again.tolist()) == sorted(ids.tolist())
+
+
+# ------------------------------------------------------------------------------------------ CoDIR
+
+
+def test_codir_bank_negatives_are_not_capped_by_the_batch_and_never_the_positive():
+    from test_contrastive import _codir
+
+    method = _codir(negative_sampling="bank", negatives=50, bank_size=8)
+    rows = method.negative_rows({"example_ids": torch.tensor([3, 12, 21])})  # rows 3, 4, 5 of 8
+    assert rows.shape == (3, 50)
+    for own, drawn in zip((3, 4, 5), rows):
+        assert own not in drawn.tolist() and set(drawn.tolist()) <= set(range(8))
+    before = method.memory.clone()
+    method.update_memory(torch.tensor([12]), torch.ones(1, 3))  # id 12 -> row 12 mod 8 = 4
+    torch.testing.assert_close(method.memory[4], 0.5 * before[4] + 0.5)
+    assert torch.equal(method.memory[[0, 1, 2, 3, 5, 6, 7]], before[[0, 1, 2, 3, 5, 6, 7]])
+
+
+def test_codir_pre_on_a_corpus_then_codir_fine_tuning_from_it(tmp_path, tiny_mlm_teacher, tiny_teacher, glue_dir):
+    """The shipped CoDIR-Pre preset on a streamed corpus (MLM + KD on the teacher's own MLM head + CRD with
+    K = 20 bank negatives at batch 8), then the CoDIR preset from the student it saved."""
+    corpus = write_corpus(tmp_path / "wiki" / "c.txt", documents=80)
+    pre = preset("codir-pretrain.yaml", corpus_run(corpus, tiny_mlm_teacher, tmp_path / "pre",
+                                                   method={"negatives": 20, "bank_size": 64}))
+    metrics = run_experiment(build_config(pre))
+    assert metrics["steps"] == 2 and (tmp_path / "pre" / "final" / "model.safetensors").is_file()
+    fine = preset("codir.yaml", {"task": {"name": "sst2"},
+                                 "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32},
+                                 "teacher": {"model": str(tiny_teacher)},
+                                 "student": {"init": "pretrained", "pretrained": str(tmp_path / "pre" / "final"),
+                                             "preset": None},
+                                 "method": {"negatives": 10},
+                                 "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+                                 "output": {"dir": str(tmp_path / "fine")}})
+    assert "accuracy" in run_experiment(build_config(fine))["final"]["dev"]
+
+
+def test_codir_on_a_corpus_needs_a_bank_size(tmp_path, tiny_mlm_teacher):
+    corpus = write_corpus(tmp_path / "c.txt", documents=40)
+    config = preset("codir-pretrain.yaml", corpus_run(corpus, tiny_mlm_teacher, tmp_path / "x"))
+    del config["method"]["bank_size"]
+    with pytest.raises(ValueError, match="set method.bank_size"):
+        run_experiment(build_config(config))
+    assert not (tmp_path / "x" / "final").exists()
+
+
+def test_codir_pre_refuses_a_teacher_mlm_over_another_vocabulary(tmp_path, tiny_base_model, tiny_mlm_teacher):
+    """A student whose tokenizer differs cannot be distilled the teacher's word distribution."""
+    from distilkit.models.mlm import FittedMLMHead, MLMHeadError
+    import shutil
+
+    folder = tmp_path / "teacher"
+    shutil.copytree(tiny_base_model, folder)
+    corpus = write_corpus(tmp_path / "c.txt", documents=40)
+    config = preset("codir-pretrain.yaml", corpus_run(corpus, folder, tmp_path / "x",
+                                                      method={"negatives": 4, "bank_size": 16}))
+    from transformers import BertModel
+
+    encoder = BertModel.from_pretrained(folder)
+    FittedMLMHead(encoder.get_input_embeddings().weight, 32).save(folder, {})
+    # a head whose vocabulary is the student's plus 3 words: the file's size does not match the encoder
+    FittedMLMHead(torch.zeros(encoder.config.vocab_size + 3, 32), 32).save(folder, {})
+    with pytest.raises(MLMHeadError, match="fit the head again"):
+        run_experiment(build_config(config))
+
+
+# ------------------------------------------------------------------------------------------ RefBERT
+
+
+def refbert_student() -> dict:
+    return {"kind": "refbert", **TINY_STUDENT}
+
+
+def test_refbert_general_distillation_on_a_corpus_then_task_distillation(tmp_path, tiny_base_model, tiny_teacher,
+                                                                          glue_dir):
+    corpus = write_corpus(tmp_path / "wiki" / "train.txt", documents=60)
+    references = write_corpus(tmp_path / "wiki" / "refs.txt", documents=30, seed=1)
+    gd = corpus_run(corpus, tiny_base_model, tmp_path / "gd",
+                    task={"name": "unlabeled"}, student=refbert_student(),
+                    method={"name": "refbert", "intermediate_fraction": 1.0, "reference_corpus": str(references),
+                            "reference_max_length": 16})
+    metrics = run_experiment(build_config(gd))
+    assert metrics["steps"] == 2
+    import json
+
+    info = json.loads((tmp_path / "gd" / "final" / "references" / "meta.json").read_text())["info"]
+    assert info["references"] > 0 and info["corpus"] == str(references)
+    td = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32},
+          "teacher": {"model": str(tiny_teacher)},
+          "student": {"kind": "refbert", "init": "pretrained", "pretrained": str(tmp_path / "gd" / "final")},
+          "method": {"name": "refbert", "reference_corpus": str(references), "reference_max_length": 16},
+          "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+          "output": {"dir": str(tmp_path / "td")}}
+    assert "accuracy" in run_experiment(build_config(td))["final"]["dev"]
+
+
+def test_refbert_on_a_corpus_needs_text_references(tmp_path, tiny_base_model):
+    corpus = write_corpus(tmp_path / "c.txt", documents=40)
+    config = corpus_run(corpus, tiny_base_model, tmp_path / "x", task={"name": "unlabeled"},
+                        student=refbert_student(), method={"name": "refbert", "intermediate_fraction": 1.0})
+    with pytest.raises(ValueError, match="reference_corpus to text"):
+        run_experiment(build_config(config))
+
+
+def test_refbert_sample_without_a_bm25_match_stops_or_is_counted(tmp_path, tiny_teacher, glue_dir):
+    import json
+
+    references = tmp_path / "refs.txt"
+    references.write_text("charming music\nsuperb cast\n")  # most training sentences share no word with these
+    base = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32},
+            "teacher": {"model": str(tiny_teacher)}, "student": refbert_student(),
+            "method": {"name": "refbert", "reference_corpus": str(references), "missing_reference": "error"},
+            "train": {"epochs": 1, "max_steps": 1, "batch_size": 8, "mixed_precision": "no"},
+            "output": {"dir": str(tmp_path / "x")}}
+    with pytest.raises(ValueError, match=r"input\(s\) have no BM25 match .*missing_reference=blank"):
+        run_experiment(build_config(base))
+    base["method"]["missing_reference"] = "blank"
+    base["output"]["dir"] = str(tmp_path / "y")
+    run_experiment(build_config(base))
+    info = json.loads((tmp_path / "y" / "final" / "references" / "meta.json").read_text())["info"]
+    assert 0 < info["examples_without_reference"] < 32
+
+
+@pytest.mark.parametrize("content, message", [(b"", "holds no text"), (b"\0\0binary", "is not text")])
+def test_refbert_refuses_an_empty_or_binary_reference_corpus(tmp_path, tiny_teacher, glue_dir, content, message):
+    references = tmp_path / "refs.txt"
+    references.write_bytes(content)
+    config = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 16},
+              "teacher": {"model": str(tiny_teacher)}, "student": refbert_student(),
+              "method": {"name": "refbert", "reference_corpus": str(references)},
+              "train": {"epochs": 1, "max_steps": 1, "batch_size": 8, "mixed_precision": "no"},
+              "output": {"dir": str(tmp_path / "x")}}
+    with pytest.raises(ValueError, match=message):
+        run_experiment(build_config(config))
+
+
+# ------------------------------------------------------------------------------------------ every preset
+
+
+SHIPPED = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def tiny_version(name: str, glue_dir: Path, tmp_path: Path, base: Path, teacher: Path, mlm_teacher: Path) -> dict:
+    """A shipped preset with only sizes, data and models swapped for tiny ones: every method setting kept."""
+    config = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    student = config.get("student") or {}
+    changes: dict = {"train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+                     "output": {"dir": str(tmp_path / name)}}
+    if student.get("kind") == "bilstm":
+        changes["student"] = {"options": {"hidden": 8, "head_hidden": 8, "embedding_dim": 16}}
+    else:
+        changes["student"] = {"preset": None, "layers": 2, "hidden": 32, "heads": 4, "ffn": 64}
+    if student.get("init") == "pretrained":
+        changes["student"] = {"preset": None, "pretrained": str(base)}
+    if (config.get("task") or {}).get("name") == "unlabeled":
+        changes.update(corpus_run(write_corpus(tmp_path / "wiki" / "c.txt", documents=40), mlm_teacher,
+                                  tmp_path / name, method={"bank_size": 64, "negatives": 20}))
+        changes["student"] = {**TINY_STUDENT}
+    else:
+        changes["task"] = {"name": "sst2"}  # the tiny GLUE folder holds SST-2 (the Tang preset reads MRPC)
+        changes["data"] = {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32}
+        if (config.get("data") or {}).get("augment"):
+            changes["data"]["augment"] = {"model": str(base), "copies": 1, "max_examples": 48}
+        if "teacher" in config or config["method"]["name"] != "finetune":
+            headless = config["method"]["name"] == "text_smoothing"  # its MLM teacher is the base encoder
+            changes["teacher"] = {"model": str(mlm_teacher if headless else teacher)}
+    return merged(config, changes)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_preset_runs_end_to_end_on_tiny_data(name, tmp_path, glue_dir, tiny_base_model, tiny_teacher,
+                                                           tiny_mlm_teacher):
+    metrics = run_experiment(build_config(tiny_version(name, glue_dir, tmp_path, tiny_base_model, tiny_teacher,
+                                                       tiny_mlm_teacher)))
+    assert metrics["steps"] == 2 and (tmp_path / name / "final").is_dir()
+
+
+def test_tang_preset_is_tangs_size_and_sra_keeps_its_own():
+    """2.4M parameters without embeddings on a pair task (SRA's Table 2, BiLSTM_KD), SRA's BiLSTM larger."""
+    from torch import nn
+
+    def pair_size(hidden: int, head_hidden: int, embedding_dim: int = 300) -> float:
+        lstm = nn.LSTM(embedding_dim, hidden, bidirectional=True)
+        mlp = nn.Sequential(nn.Linear(8 * hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 2))
+        return sum(p.numel() for m in (lstm, mlp) for p in m.parameters()) / 1e6
+
+    options = yaml.safe_load((PRESETS / "bilstm-kd-tang-mrpc.yaml").read_text())["student"]["options"]
+    assert round(pair_size(options["hidden"], options["head_hidden"]), 1) == 2.4
+    from distilkit.models.bilstm import DEFAULTS
+
+    assert pair_size(DEFAULTS["hidden"], DEFAULTS["head_hidden"]) > 4
