@@ -360,7 +360,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path} is not valid YAML: {err}") from None
         if not data:
             raise ConfigError(f"{path} is empty: write the sections that differ from the defaults (task, teacher, "
-                              "student, method, ...; see configs/), or give only --set overrides without a file")
+                              "student, method, ...), start from a shipped one (--preset kd-sst2), or give only --set overrides")
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of sections (task, data, teacher, ...)")
     return build_config(apply_overrides(data, overrides or []))
