@@ -298,17 +298,13 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
 
 # --- checkpoints -------------------------------------------------------------------------------------
 
-def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, glue_dir, tiny_teacher, monkeypatch,
-                                                                     capsys):
-    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "whole", max_steps=6, checkpoint_every=2,
-                         keep_checkpoints=2)
-    run_experiment(build_config(config))
-    config["output"]["dir"] = str(tmp_path / "crashed")
+def crash_after_checkpoint(config: dict, monkeypatch, step: int) -> None:
+    """Runs `config` until the checkpoint of `step` is written, then stops it as a crash would."""
     real_save = distiller_module.save_checkpoint
 
     def save_then_die(directory, *args, **kwargs):
         path = real_save(directory, *args, **kwargs)
-        if args[3]["step"] == 4:
+        if args[3]["step"] == step:
             raise Crash
         return path
 
@@ -316,6 +312,15 @@ def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, gl
     with pytest.raises(Crash):
         run_experiment(build_config(config))
     monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+
+
+def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, glue_dir, tiny_teacher, monkeypatch,
+                                                                     capsys):
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "whole", max_steps=6, checkpoint_every=2,
+                         keep_checkpoints=2)
+    run_experiment(build_config(config))
+    config["output"]["dir"] = str(tmp_path / "crashed")
+    crash_after_checkpoint(config, monkeypatch, step=4)
     damaged = tmp_path / "crashed" / "checkpoints" / "step-00000004" / "trainable.safetensors"
     with open(damaged, "r+b") as f:
         f.truncate(damaged.stat().st_size - 100)
@@ -326,16 +331,7 @@ def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, gl
 
 def test_only_checkpoint_truncated_stops_with_its_name(tmp_path, glue_dir, tiny_teacher, monkeypatch):
     config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out", max_steps=4, checkpoint_every=2)
-    real_save = distiller_module.save_checkpoint
-
-    def save_then_die(directory, *args, **kwargs):
-        real_save(directory, *args, **kwargs)
-        raise Crash
-
-    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
-    with pytest.raises(Crash):
-        run_experiment(build_config(config))
-    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+    crash_after_checkpoint(config, monkeypatch, step=2)
     damaged = tmp_path / "out" / "checkpoints" / "step-00000002" / "optimizer.pt"
     damaged.write_bytes(damaged.read_bytes()[:50])
     with pytest.raises(CheckpointError, match=str(damaged)):
