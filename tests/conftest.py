@@ -9,6 +9,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
 
+from distilkit.config import build_config
+from distilkit.run import run_experiment
+from distilkit.train import distiller as distiller_module
+
 POSITIVE = ["good", "great", "fun", "lovely", "brilliant", "charming", "superb", "moving"]
 NEGATIVE = ["bad", "awful", "boring", "dull", "terrible", "weak", "flat", "tedious"]
 FILLER = ["the", "film", "movie", "was", "is", "a", "an", "story", "plot", "acting", "very", "quite", "and",
@@ -89,3 +93,23 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTILKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("DISTILKIT_DATA", raising=False)
     torch.set_num_threads(1)
+
+
+class Crash(Exception):
+    """Stands for a process killed mid-run."""
+
+
+def crash_after_checkpoint(config: dict, monkeypatch, step: int) -> None:
+    """Runs `config` until the checkpoint of `step` is written, then stops it as a crash would."""
+    real_save = distiller_module.save_checkpoint
+
+    def save_then_die(directory, *args, **kwargs):
+        path = real_save(directory, *args, **kwargs)
+        if args[3]["step"] == step:
+            raise Crash
+        return path
+
+    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
+    with pytest.raises(Crash):
+        run_experiment(build_config(config))
+    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)

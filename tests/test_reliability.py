@@ -19,7 +19,7 @@ from filelock import FileLock
 from safetensors.torch import load_file
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from conftest import make_tokenizer, tiny_bert_config
+from conftest import Crash, crash_after_checkpoint, make_tokenizer, tiny_bert_config
 from distilkit.config import build_config
 from distilkit.run import RunError, build_run, run_experiment
 from distilkit.train import cache as cache_module
@@ -267,8 +267,6 @@ def test_leftover_tmp_checkpoints_are_removed_at_the_next_start(tmp_path, glue_d
     assert not list((out / "checkpoints").glob("*.tmp")) and not list((out / "checkpoints").glob(".*.tmp"))
 
 
-class Crash(Exception):
-    pass
 
 
 def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monkeypatch):
@@ -297,22 +295,6 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
-
-def crash_after_checkpoint(config: dict, monkeypatch, step: int) -> None:
-    """Runs `config` until the checkpoint of `step` is written, then stops it as a crash would."""
-    real_save = distiller_module.save_checkpoint
-
-    def save_then_die(directory, *args, **kwargs):
-        path = real_save(directory, *args, **kwargs)
-        if args[3]["step"] == step:
-            raise Crash
-        return path
-
-    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
-    with pytest.raises(Crash):
-        run_experiment(build_config(config))
-    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
-
 
 def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, glue_dir, tiny_teacher, monkeypatch,
                                                                      capsys):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from distilkit.config import build_config
 from distilkit.run import RunError, run_experiment
-from distilkit.train import distiller as distiller_module
+from conftest import crash_after_checkpoint
 
 PYTHON = sys.executable
 
@@ -145,10 +145,6 @@ def test_cached_features_equal_live_features(tmp_path, glue_dir, tiny_teacher):
     torch.testing.assert_close(cached.logits, live.logits, atol=1e-5, rtol=1e-5)
 
 
-class Crash(Exception):
-    pass
-
-
 def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_teacher, monkeypatch):
     settings = {"checkpoint_every": 3, "epochs": 2}
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "whole", **settings)
@@ -158,18 +154,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     assert uninterrupted["steps"] == 64  # 256 examples / batch 8 × 2 epochs; the crash below is in epoch 1
 
     config["output"]["dir"] = str(tmp_path / "crashed")
-    real_save = distiller_module.save_checkpoint
-
-    def save_then_die(directory, *args, **kwargs):
-        path = real_save(directory, *args, **kwargs)
-        if args[3]["step"] == 9:  # mid-epoch 1 of 2, inside the intermediate stage's end region
-            raise Crash
-        return path
-
-    monkeypatch.setattr(distiller_module, "save_checkpoint", save_then_die)
-    with pytest.raises(Crash):
-        run_experiment(build_config(config))
-    monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+    crash_after_checkpoint(config, monkeypatch, step=9)  # mid-epoch 1 of 2, inside the intermediate stage's end region
     # a half-written checkpoint from a crash in the middle of saving is ignored
     (tmp_path / "crashed" / "checkpoints" / ".step-00000012.999.tmp").mkdir()
     resumed = run_experiment(build_config(config))
