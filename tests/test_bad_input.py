@@ -55,6 +55,14 @@ def _student_with_other_vocabulary(w: Where) -> Path:
     return directory
 
 
+def _student_with_empty_vocabulary(w: Where) -> Path:
+    """A student folder whose only tokenizer file, vocab.txt, is empty."""
+    directory = w.tmp / "empty-vocab"
+    BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
+    (directory / "vocab.txt").write_text("")
+    return directory
+
+
 def _pickled_model(w: Where) -> Path:
     directory = w.tmp / "pickled"
     BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
@@ -146,9 +154,12 @@ CASES: dict[str, tuple] = {
     "inputs longer than positions": (
         lambda w: w.custom(w.file("long.tsv", f"text\tlabel\n{LONG}\t1\nshort\t0\n")), ["64 positions",
                                                                                       "data.max_length"]),
-    "student with another vocabulary": (lambda w: w.distill("student.init=pretrained",
-                                                            f"student.pretrained={_student_with_other_vocabulary(w)}"),
-                                        ["another vocabulary"]),
+    "token-aligned method, student with its own tokenizer": (
+        lambda w: w.distill("student.init=pretrained", f"student.pretrained={_student_with_other_vocabulary(w)}",
+                            "method.name=tinybert"), ["method tinybert", "token by token", "its own tokenizer", "kd"]),
+    "student tokenizer that cannot encode": (
+        lambda w: w.distill("student.init=pretrained", f"student.pretrained={_student_with_empty_vocabulary(w)}"),
+        ["empty-vocab", "cannot encode", "tokenizer files"]),
     "teacher layer out of range": (lambda w: w.distill("student.init=teacher_layers", "student.layers=2",
                                                        "student.teacher_layers=[1,9]"), ["teacher_layers", "between 1"]),
     "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),

@@ -199,13 +199,16 @@ def _student_with_vocabulary(directory, vocabulary: list[str]):
 
 
 @pytest.mark.parametrize("change", ["same_size_other_tokens", "smaller"])
-def test_student_with_another_vocabulary_is_refused_before_training(tmp_path, glue_dir, tiny_teacher, change):
+def test_token_aligned_method_with_a_student_of_another_vocabulary_is_refused_before_training(
+        tmp_path, glue_dir, tiny_teacher, change):
+    """Such a student reads its own token ids (tests/test_cross_tokenizer.py); a method pairing teacher and student
+    tokens cannot follow it."""
     teacher_vocab = list(BertTokenizerFast.from_pretrained(tiny_teacher).get_vocab())
     teacher_vocab.sort(key=BertTokenizerFast.from_pretrained(tiny_teacher).get_vocab().get)
     vocabulary = (teacher_vocab[:5] + list(reversed(teacher_vocab[5:])) if change == "same_size_other_tokens"
                   else teacher_vocab[:-10])
     student = _student_with_vocabulary(tmp_path / "student", vocabulary)
-    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out")
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out", method={"name": "tinybert"})
     config["student"] = {"init": "pretrained", "pretrained": str(student)}
     with pytest.raises(ValueError, match="another vocabulary"):
         run_experiment(build_config(config))

@@ -481,8 +481,10 @@ class Plans:
 
         teacher_model = Path(record["teacher"]["path"])
         spec, _, dev = self._dev(config, teacher_model)
+        student_dir = Path(config.output.dir) / "best"
+        student_dev = self._dev(config, student_dir)[2]  # its own tokenizer's reading (the teacher's, or its own)
         onnx = Path(self.plan.output) / "onnx"
-        student = Deployment(Path(config.output.dir) / "best", onnx / record["cell"])
+        student = Deployment(student_dir, onnx / record["cell"])
         teacher = Deployment(teacher_model, onnx / f"teacher-{spec.name}")
         s = self.plan.speed
         for fmt in s.formats:
@@ -490,7 +492,7 @@ class Plans:
                 continue
             print(f"[plan] {record['cell']}: speed and dev score in {fmt}", file=sys.stderr, flush=True)
             record["speed"]["formats"][fmt] = format_record(
-                fmt, student, teacher, dev, spec, sentences=s.sentences, warmup=s.warmup,
+                fmt, student, teacher, dev, spec, student_dev, sentences=s.sentences, warmup=s.warmup,
                 throughput_sentences=s.throughput_sentences, batch_size=s.batch_size)
             path.write_text(json.dumps(record, indent=2))
 

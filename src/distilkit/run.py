@@ -29,14 +29,14 @@ from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import measure_against_teacher
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
-from distilkit.methods import MethodContext, get_method
+from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.hub import cache_root
 from distilkit.models.student import build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
-from distilkit.train.preflight import check_max_length, check_same_vocabulary
+from distilkit.train.preflight import check_encodes, check_max_length
 
 
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
@@ -56,7 +56,7 @@ def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Exam
     return [examples[i] for i in keep]
 
 
-def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
+def load_eval_data(config, task, tokenizer, teacher_tokenizer=None) -> dict[str, TokenizedDataset]:
     datasets = {}
     for split in config.eval.splits or task.dev_splits:
         try:
@@ -67,10 +67,29 @@ def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
             print(f"note: skipping evaluation split {split}: {err}")
             continue
         datasets[split] = task_dataset(task, capped(examples, config.data.max_eval_examples), tokenizer,
-                                       config.data.max_length)
+                                       config.data.max_length, teacher_tokenizer=teacher_tokenizer)
     return datasets
 
 
+
+
+def check_own_tokenizer(config: ExperimentConfig, task: TaskSpec, method_cls) -> None:
+    """A student with a tokenizer of its own reads its token ids and the teacher reads its own: refuse what needs
+    the two to share token positions, before anything is tokenised or loaded."""
+    student, teacher = config.student.pretrained, config.teacher.model
+    differs = f"the student {student} has its own tokenizer (another vocabulary than the teacher {teacher})"
+    why = method_cls.token_aligned_terms(config.method)
+    if why:
+        usable = [name for name in method_names() if not (m := get_method(name)).token_aligned_terms(m.Params())]
+        raise ValueError(f"method {config.method.name} {why}, but {differs}: use a method that does not align "
+                         f"tokens ({', '.join(usable)}), or a student with the teacher's tokenizer "
+                         "(student.init=teacher_layers or random)")
+    if task.answer_spans:
+        raise ValueError(f"task {task.name} scores answer spans token by token, but {differs}: use a student with "
+                         "the teacher's tokenizer (student.init=teacher_layers or random)")
+    if task.unlabeled or config.data.mlm_probability:
+        raise ValueError(f"a streamed corpus and masked batches are tokenised once, for both models, but {differs}: "
+                         "distil on task data (a GLUE or custom task), or use a student with the teacher's tokenizer")
 
 
 @dataclass
@@ -96,14 +115,16 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     method_cls = get_method(config.method.name)
     tokenizer_source = config.teacher.model or config.student.pretrained
     trust = config.teacher.trust_remote_code
-    tokenizer = load_tokenizer(tokenizer_source, trust)
+    tokenizer = load_tokenizer(tokenizer_source, trust)  # the student's: the teacher's unless it brings its own
+    teacher_tokenizer = None  # the teacher's, when the student reads another tokenization
     if config.teacher.model and config.student.init == "pretrained" and config.student.kind == "transformer":
         try:
             student_tokenizer = load_tokenizer(config.student.pretrained, trust)
         except (OSError, ValueError, TypeError):  # a folder without tokenizer files: the embedding size is checked below
             student_tokenizer = None
-        if student_tokenizer is not None:
-            check_same_vocabulary(tokenizer, student_tokenizer, config.teacher.model, config.student.pretrained)
+        if student_tokenizer is not None and student_tokenizer.get_vocab() != tokenizer.get_vocab():
+            check_own_tokenizer(config, task, method_cls)
+            tokenizer_source, tokenizer, teacher_tokenizer = config.student.pretrained, student_tokenizer, tokenizer
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
@@ -114,10 +135,15 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                                                 cache_root(config.teacher.cache_dir))
         elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches)
-        eval_data = load_eval_data(config, task, tokenizer)
+        if teacher_tokenizer is not None:
+            check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
+        train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
+                                  teacher_tokenizer)
+        eval_data = load_eval_data(config, task, tokenizer, teacher_tokenizer)
     longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
                   for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
+    teacher_longest = longest if teacher_tokenizer is None else \
+        max(int(d.teacher_view.lengths.max()) for d in [train_data, *eval_data.values()])
     if config.data.mlm_probability:
         train_data = MaskedBatches(train_data, tokenizer, config.data.mlm_probability)
         if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
@@ -129,8 +155,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                           device=accelerator.device if accelerator is not None else "cpu")
     student = build_student(config.student, teacher.model if teacher else None, task)
     student_config = getattr(getattr(student, "model", None), "config", None)
-    check_max_length(config.data.max_length, longest, {"teacher": teacher.config if teacher else None,
-                                                       "student": student_config})
+    check_max_length(config.data.max_length, teacher_longest, {"teacher": teacher.config if teacher else None})
+    check_max_length(config.data.max_length, longest, {"student": student_config})
     if student_config is not None and getattr(student_config, "vocab_size", None) is not None \
             and student_config.vocab_size < len(tokenizer):
         raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
@@ -154,7 +180,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     # are computed live
     fixed_inputs = isinstance(train_data, TokenizedDataset)
     if teacher is not None and config.teacher.cache and fixed_inputs and not request.is_empty():
-        cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, train_data)
+        teacher_reads = train_data if train_data.teacher_view is None else train_data.teacher_view
+        cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, teacher_reads)
     source = TeacherSource(teacher, request or method.teacher_request(), cache)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache, scratch)
 

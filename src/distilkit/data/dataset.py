@@ -2,6 +2,11 @@
 
 Every row keeps its position in the dataset as `example_ids`: the teacher cache, the CoDIR
 memory bank and reference pairing all index by it.
+
+A student with a tokenizer of its own (another vocabulary than the teacher's) reads its own token ids;
+the teacher then reads the same texts in its own tokenization, `teacher_view`, carried in each batch as
+`teacher_input_ids`, `teacher_attention_mask` (and `teacher_token_type_ids`). With one tokenizer there is
+no teacher view and batches are as they always were.
 """
 
 from __future__ import annotations
@@ -15,13 +20,26 @@ import torch
 from distilkit.data.readers import Example
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEACHER_PREFIX = "teacher_"
+
+
+def teacher_inputs(batch: dict) -> dict:
+    """What the teacher reads of a batch: its own tokenization when the batch carries one, else the batch."""
+    if TEACHER_PREFIX + "input_ids" not in batch:
+        return batch
+    own = {key: batch[TEACHER_PREFIX + key] for key in SEQUENCE_KEYS if TEACHER_PREFIX + key in batch}
+    return {**own, **{key: value for key, value in batch.items()
+                      if key not in SEQUENCE_KEYS and not key.startswith(TEACHER_PREFIX)}}
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
-    """Examples tokenised once with the teacher's tokenizer, kept as int32 arrays."""
+    """Examples tokenised once with the student's tokenizer (the teacher's, unless the student brings its own),
+    kept as int32 arrays; with `teacher_tokenizer`, also in the teacher's (`teacher_view`)."""
+
+    teacher_view: TokenizedDataset | None = None
 
     def __init__(self, examples: Sequence[Example], tokenizer, max_length: int, is_regression: bool = False,
-                 bucket_batches: int = 50):
+                 bucket_batches: int = 50, teacher_tokenizer=None):
         if not examples:
             raise ValueError("cannot build a dataset from zero examples")
         self.examples = list(examples)
@@ -40,6 +58,8 @@ class TokenizedDataset(torch.utils.data.Dataset):
             if self.has_labels else None
         )
         self.pad_token_id = tokenizer.pad_token_id or 0
+        self.teacher_view = None if teacher_tokenizer is None else \
+            TokenizedDataset(examples, teacher_tokenizer, max_length, is_regression, bucket_batches)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -64,7 +84,12 @@ class TokenizedDataset(torch.utils.data.Dataset):
         return digest.hexdigest()
 
     def collate(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        return collate(items, self.pad_token_id)
+        batch = collate(items, self.pad_token_id)
+        if self.teacher_view is not None:
+            view = self.teacher_view
+            own = view.collate([view[int(item["example_ids"])] for item in items])
+            batch.update({TEACHER_PREFIX + key: own[key] for key in SEQUENCE_KEYS if key in own})
+        return batch
 
     @property
     def num_examples(self) -> int:

@@ -21,12 +21,17 @@ from distilkit.data.squad import BadRecordLog, BadRecords, QAExample
 CLS_INDEX = 0  # BERT-family pairs start with [CLS]: the label of "no answer in this window"
 
 
-def task_dataset(task, examples: Sequence, tokenizer, max_length: int, bucket_batches: int = 50) -> TokenizedDataset:
+def task_dataset(task, examples: Sequence, tokenizer, max_length: int, bucket_batches: int = 50,
+                 teacher_tokenizer=None) -> TokenizedDataset:
     """The rows a model reads for `task` (a TaskSpec): one per example, or for extractive QA one per window
-    of a context."""
+    of a context. `teacher_tokenizer`: the teacher's, when the student tokenizes otherwise (not for QA, whose
+    windows and answer positions are per token)."""
     if task.answer_spans:
+        if teacher_tokenizer is not None:
+            raise DataError("question answering needs teacher and student to share a tokenizer (windows and "
+                            "answer positions are counted in tokens)")
         return QADataset(examples, tokenizer, max_length, task.doc_stride, task.bad_records, bucket_batches)
-    return TokenizedDataset(examples, tokenizer, max_length, task.is_regression, bucket_batches)
+    return TokenizedDataset(examples, tokenizer, max_length, task.is_regression, bucket_batches, teacher_tokenizer)
 
 
 class QADataset(TokenizedDataset):

@@ -33,9 +33,12 @@ def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size:
     if teacher is None or not teacher.has_head or task.unlabeled or not labeled:
         return {}
     teacher_model = TransformerStudent(teacher.model)
-    first = next(iter(labeled.values()))
-    return {"teacher_scores": evaluate_splits(teacher_model, labeled, task, batch_size),
-            "dev_throughput": {"student": dev_throughput(student, first, batch_size),
-                               "teacher": dev_throughput(teacher_model, first, batch_size),
-                               "split": next(iter(labeled)), "batch_size": batch_size,
+    # the same examples in the teacher's own tokenization, when the student reads another one
+    teacher_reads = {split: data if data.teacher_view is None else data.teacher_view
+                     for split, data in labeled.items()}
+    split = next(iter(labeled))
+    return {"teacher_scores": evaluate_splits(teacher_model, teacher_reads, task, batch_size),
+            "dev_throughput": {"student": dev_throughput(student, labeled[split], batch_size),
+                               "teacher": dev_throughput(teacher_model, teacher_reads[split], batch_size),
+                               "split": split, "batch_size": batch_size,
                                "threads": torch.get_num_threads()}}

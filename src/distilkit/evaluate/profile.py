@@ -86,8 +86,11 @@ def size_record(model_dir: Path, mean_length: float) -> dict:
 
 
 def format_record(fmt: str, student: Deployment, teacher: Deployment, dev: TokenizedDataset, task: TaskSpec,
-                  **settings) -> dict:
-    """Teacher then student in one format (same process), the student's speedup, and its dev score in it."""
+                  student_dev: TokenizedDataset | None = None, **settings) -> dict:
+    """Teacher then student in one format (same process), the student's speedup, and its dev score in it.
+    `dev` in the teacher's tokenization; `student_dev`, the same sentences in the student's when it has a
+    tokenizer of its own (default: `dev`)."""
+    student_dev = dev if student_dev is None else student_dev
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if fmt.startswith("onnx") and student.model().kind != "transformer":
@@ -95,6 +98,6 @@ def format_record(fmt: str, student: Deployment, teacher: Deployment, dev: Token
     if fmt == "pytorch_bf16" and not cpu_has_native_bf16():
         return {"skipped": "this CPU has no native bf16 (AVX512-BF16 or AMX): PyTorch would emulate it"}
     teacher_speed = measure(teacher.runner(fmt), dev, **settings)
-    student_speed = measure(student.runner(fmt), dev, **settings)
+    student_speed = measure(student.runner(fmt), student_dev, **settings)
     return {"teacher": teacher_speed, "student": student_speed, "speedup": speedup(student_speed, teacher_speed),
-            "student_dev": student.dev_scores(fmt, dev, task)}
+            "student_dev": student.dev_scores(fmt, student_dev, task)}

@@ -80,6 +80,13 @@ class Method(nn.Module):
         """True when the loss needs gold labels (so it cannot train on unlabeled or teacher-labelled data)."""
         return False
 
+    @classmethod
+    def token_aligned_terms(cls, params: MethodParams) -> str | None:
+        """What of the loss pairs teacher and student token by token (None: nothing). Such terms need both models
+        to read one tokenization, so the runner refuses them for a student with a tokenizer of its own; losses on
+        logits or pooled representations need no alignment."""
+        return None
+
     # shared pieces -----------------------------------------------------------------------------
 
     def label_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

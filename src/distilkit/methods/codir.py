@@ -68,6 +68,12 @@ class CoDIR(Method):
         kd_temperature: float = Field(2.0, gt=0)  # ρ
         crd_weight: float = Field(0.1, ge=0)  # α₂; the paper searches 0.1, 0.5, 1
 
+    @classmethod
+    def token_aligned_terms(cls, params):
+        if params.objective == "pretrain":
+            return "with objective=pretrain distils the teacher's MLM distribution at the student's masked tokens"
+        return None  # eq. (3) pools each model's layers over its own tokens
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         n_teacher = ctx.teacher.num_layers

@@ -86,6 +86,10 @@ class LRC(Method):
         perturbation: bool = True  # eqs. (7)-(8); false is the paper's LRC-BERT_g
         epsilon: float = Field(1.0, gt=0)  # size of the perturbation (eq. 7 has none, i.e. 1)
 
+    @classmethod
+    def token_aligned_terms(cls, params):
+        return "compares layer outputs token by token (COS-NCE on the l × d matrix, eq. 3)"
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.mapping = self.layer_map(params.layer_map)

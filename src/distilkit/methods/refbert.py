@@ -117,6 +117,10 @@ class RefBERT(TinyBERT):
         blank_references: bool = False  # ablation: every reference empty
         missing_reference: Literal["blank", "error"] = "blank"  # an input with no BM25 match: counted, or stop
 
+    @classmethod
+    def token_aligned_terms(cls, params):
+        return "matches hidden states and attention scores token by token (TinyBERT's losses)"
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         if not isinstance(ctx.student, RefBERTStudent):

@@ -67,6 +67,10 @@ class TextSmoothing(Method):
         kd_weight: float = Field(0.0, ge=0)  # > 0 adds the soft-label KD term (needs a fine-tuned teacher)
         kd_temperature: float = Field(2.0, gt=0)
 
+    @classmethod
+    def token_aligned_terms(cls, params):
+        return "mixes the teacher's MLM distribution at each token into the student's inputs"
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         student = ctx.student

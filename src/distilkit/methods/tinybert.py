@@ -39,6 +39,10 @@ class TinyBERT(Method):
         attention_weight: float = Field(1.0, ge=0)
         prediction_weight: float = Field(1.0, ge=0)
 
+    @classmethod
+    def token_aligned_terms(cls, params):
+        return "matches embeddings, hidden states and attention scores token by token (eqs. 7-9)"
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.mapping = self.layer_map(params.layer_map)

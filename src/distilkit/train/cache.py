@@ -1,8 +1,9 @@
 """The teacher-output cache: teacher features computed once, kept on disk, reused everywhere.
 
-Outputs are keyed by the teacher's fingerprint (weights, config, precision) and the dataset's
-fingerprint (exact token ids), and stored one file per feature, so runs and methods that ask for
-the same layer share it, and any change to teacher, data or tokenisation computes afresh.
+Outputs are keyed by the teacher's fingerprint (weights, config, precision) and the fingerprint of the
+teacher's tokenization of the data (exact token ids: the dataset's `teacher_view` when the student tokenizes
+otherwise), and stored one file per feature, so runs and methods that ask for the same layer share it, and any
+change to teacher, data or tokenisation computes afresh. A student's own tokenizer changes nothing here.
 Hidden states and attention scores are stored as float16 (their range is far inside it; the
 rounding, about 1e-3 relative, is below what distillation can notice); logits as float32. A span
 (QA) teacher's logits are per token, so they are stored per window like hidden states: (tokens, 2).
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
+from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, teacher_inputs
 from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
 from distilkit.precision import to_device
 
@@ -314,6 +315,7 @@ class TeacherSource:
     def __call__(self, batch: dict) -> Features | None:
         if self.teacher is None or self.request.is_empty():
             return None
+        batch = teacher_inputs(batch)  # the teacher's own tokenization, when the student has another
         if self.cache is not None:
             return self.cache.lookup(batch, self.request)
         return self.teacher.features(batch, self.request)

@@ -33,13 +33,18 @@ def check_max_length(max_length: int, longest: int, models: dict[str, object], k
                              f"only {limit} positions: set {knob} to at most {limit}")
 
 
-def check_same_vocabulary(teacher_tokenizer, student_tokenizer, teacher: str, student: str) -> None:
-    """The student reads the teacher's token ids, so both must map tokens to ids the same way (compared
-    token by token: two vocabularies of one size can still differ)."""
-    teacher_vocab, student_vocab = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
-    if teacher_vocab == student_vocab:
-        return
-    differing = sum(1 for token, index in teacher_vocab.items() if student_vocab.get(token) != index)
-    raise ValueError(f"the student {student} has another vocabulary than the teacher {teacher} ({len(student_vocab)} "
-                     f"vs {len(teacher_vocab)} tokens, {differing} of the teacher's map elsewhere or are missing): "
-                     "use a student with the teacher's tokenizer, or student.init=random/teacher_layers")
+def check_encodes(tokenizer, texts: list[tuple[str, ...]], source: str) -> None:
+    """A tokenizer of its own (a student's) must encode the run's text: one that fails, or reads most words as
+    unknown (an empty or foreign vocabulary file), would otherwise crash mid-build or train on [UNK]s.
+    `texts`: a sample of the examples' text columns."""
+    fix = f"give {source} the tokenizer files it was trained with (tokenizer.json or vocab.txt)"
+    try:
+        encoded = tokenizer(*[list(column) for column in zip(*texts)], truncation=True)["input_ids"]
+    except Exception as err:  # the tokenizers library raises a bare Exception (e.g. "WordPiece error: ...")
+        raise ValueError(f"the tokenizer of {source} cannot encode the training text ({err}); {fix}") from None
+    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+    words = [i for ids in encoded for i in ids if i not in special]
+    unknown = sum(i == tokenizer.unk_token_id for i in words)
+    if not words or unknown > len(words) / 2:
+        raise ValueError(f"the tokenizer of {source} reads {unknown} of {len(words)} tokens of the training text as "
+                         f"unknown ({tokenizer.unk_token}): its vocabulary does not cover this text; {fix}")

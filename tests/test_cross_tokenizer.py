@@ -1,0 +1,174 @@
+"""A student with a tokenizer of its own: each model reads the text in its own tokenization.
+
+The teacher is conftest's tiny BERT, whose WordPiece vocabulary holds every word of the tiny data whole; the
+student's vocabulary keeps the filler words whole but spells the sentiment words letter by letter, so the two
+tokenizations differ in ids and in length.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+from typer.testing import CliRunner
+
+from conftest import FILLER, SPECIAL
+from distilkit.cli import _quiet_libraries, app
+from distilkit.config import build_config
+from distilkit.data.dataset import teacher_inputs
+from distilkit.data.tasks import named_task
+from distilkit.evaluate.evaluator import evaluate_splits
+from distilkit.models.student import TransformerStudent
+from distilkit.run import build_run, model_split, run_experiment
+
+
+def make_spelling_tokenizer(directory: Path) -> BertTokenizerFast:
+    """Filler words whole, every other word letter by letter ("good" -> g ##o ##o ##d)."""
+    vocab = SPECIAL + sorted(FILLER) + list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(vocab + [".", ","]) + "\n")
+    return BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True)
+
+
+def pretrained_student(directory: Path, tokenizer) -> Path:
+    """A 2-layer, 16-wide BERT for the tokenizer, saved like a hub model (no head)."""
+    torch.manual_seed(3)
+    config = BertConfig(vocab_size=len(tokenizer.get_vocab()), hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=32, max_position_embeddings=64)
+    BertForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def spelling_student(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("spelling-student")
+    return pretrained_student(directory, make_spelling_tokenizer(directory))
+
+
+def cross_config(glue_dir, teacher, student, out, method=None, **train) -> dict:
+    return {
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 48},
+        "teacher": {"model": str(teacher)},
+        "student": {"init": "pretrained", "pretrained": str(student)},
+        "method": method or {"name": "kd"},
+        "train": {"max_steps": 4, "batch_size": 16, "learning_rate": 1e-3, "mixed_precision": "no", **train},
+        "output": {"dir": str(out)},
+    }
+
+
+def test_each_side_reads_its_own_tokenization(glue_dir, tiny_teacher, spelling_student, tmp_path):
+    run = build_run(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out")))
+    teacher_tokenizer = BertTokenizerFast.from_pretrained(tiny_teacher)
+    student_tokenizer = BertTokenizerFast.from_pretrained(spelling_student)
+    batch, _, _ = next(run.train_data.batches(8, seed=0, epoch=0, position=None))
+    for row, index in enumerate(batch["example_ids"].tolist()):
+        text = run.train_data.examples[index].texts[0]
+        student_ids, teacher_ids = student_tokenizer(text)["input_ids"], teacher_tokenizer(text)["input_ids"]
+        assert student_ids != teacher_ids and len(student_ids) > len(teacher_ids)  # sentiment words spelt out
+        assert batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist() == student_ids
+        own = teacher_inputs(batch)
+        assert own["input_ids"][row][own["attention_mask"][row].bool()].tolist() == teacher_ids
+    assert run.tokenizer.get_vocab() == student_tokenizer.get_vocab()  # saved with the student
+    assert run.teacher_cache.dataset is run.train_data.teacher_view  # the cache is keyed by the teacher's reading
+    assert run.teacher_cache.dir.name == run.train_data.teacher_view.fingerprint()[:24]
+
+
+def test_one_tokenizer_carries_no_teacher_view(glue_dir, tiny_teacher, tiny_base_model, tmp_path):
+    """A pretrained student with the teacher's vocabulary: batches and cache exactly as before."""
+    run = build_run(build_config(cross_config(glue_dir, tiny_teacher, tiny_base_model, tmp_path / "out")))
+    batch, _, _ = next(run.train_data.batches(8, seed=0, epoch=0, position=None))
+    assert run.train_data.teacher_view is None and not [k for k in batch if k.startswith("teacher_")]
+    assert teacher_inputs(batch) is batch and run.teacher_cache.dataset is run.train_data
+
+
+def test_kd_across_tokenizers_through_the_cli(glue_dir, tiny_teacher, spelling_student, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTILKIT_DATA", str(glue_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _quiet_libraries()
+    out = tmp_path / "kd"
+    sets = {"task.name": "sst2", "teacher.model": tiny_teacher, "student.init": "pretrained",
+            "student.pretrained": spelling_student, "method.name": "kd", "train.epochs": 2,
+            "train.batch_size": 16, "train.learning_rate": 3e-3, "train.mixed_precision": "no", "output.dir": out}
+    result = CliRunner().invoke(app, ["distill"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["teacher_forward_passes"] > 0 and metrics["steps"] == 32
+    # the teacher was scored on its own tokenization of the dev set
+    spec, teacher_dev = model_split("sst2", tiny_teacher, data_dir=str(glue_dir))
+    teacher_scores = evaluate_splits(TransformerStudent(BertForSequenceClassification.from_pretrained(tiny_teacher)),
+                                     {"dev": teacher_dev}, spec)
+    assert metrics["teacher_scores"] == teacher_scores
+    # the saved student carries its own tokenizer and scores the same when evaluated from its folder
+    saved = BertTokenizerFast.from_pretrained(out / "best")
+    assert saved.get_vocab() == BertTokenizerFast.from_pretrained(spelling_student).get_vocab()
+    result = CliRunner().invoke(app, ["evaluate", str(out / "final")])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
+
+
+@pytest.mark.parametrize("method", [{"name": "pkd"}, {"name": "codir", "negatives": 8}])
+def test_methods_on_logits_and_pooled_states_run_across_tokenizers(glue_dir, tiny_teacher, spelling_student,
+                                                                    tmp_path, method):
+    metrics = run_experiment(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out",
+                                                       method)))
+    assert metrics["steps"] == 4 and metrics["teacher_forward_passes"] > 0
+    logged = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    terms = {key for record in logged for key in record if key.startswith("loss/")}
+    assert terms >= ({"loss/patient", "loss/soft"} if method["name"] == "pkd" else {"loss/crd", "loss/kd"})
+
+
+def test_teacher_outputs_equal_cold_or_warm(glue_dir, tiny_teacher, spelling_student, tmp_path):
+    """Cached teacher features are those of a live pass over the teacher's own tokenization, and a run on a warm
+    cache (no teacher pass) trains the same student as the run that filled it."""
+    method = {"name": "pkd"}  # logits and [CLS] hidden states
+    run = build_run(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "probe", method)))
+    assert run.teacher_cache.ensure(run.teacher_source.request) > 0
+    batch, _, _ = next(run.train_data.batches(16, seed=0, epoch=0, position=None))
+    cached = run.teacher_source(batch)
+    live = run.teacher.features(teacher_inputs(batch), run.teacher_source.request)
+    assert torch.equal(cached.logits, live.logits)
+    assert torch.equal(cached.attention_mask, teacher_inputs(batch)["attention_mask"])
+    for layer in run.teacher_source.request.hidden:  # stored as float16
+        mask = cached.attention_mask[..., None]
+        assert torch.equal(cached.hidden[layer], live.hidden[layer].half().float() * mask)
+
+    runs = []
+    for name in ("cold", "warm"):  # a cache folder of their own, empty before the first
+        config = cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / name, method)
+        config["teacher"]["cache_dir"] = str(tmp_path / "own-cache")
+        runs.append(run_experiment(build_config(config)))
+    cold, warm = runs
+    assert cold["teacher_forward_passes"] > 0 and warm["teacher_forward_passes"] == 0
+    assert warm["final"] == cold["final"]
+    a, b = (load_file(tmp_path / name / "final" / "model.safetensors") for name in ("cold", "warm"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method", [{"name": "tinybert"}, {"name": "lrc"}, {"name": "text_smoothing"},
+                                    {"name": "codir", "objective": "pretrain", "negative_sampling": "batch"}])
+def test_token_aligned_methods_are_refused_with_the_reason(glue_dir, tiny_teacher, spelling_student, tmp_path,
+                                                          method):
+    with pytest.raises(ValueError, match=rf"^method {method['name']} .*, but the student .* has its own "
+                                         "tokenizer") as refused:
+        run_experiment(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out", method)))
+    message = str(refused.value)
+    assert "its own tokenizer" in message and "kd" in message and "pkd" in message and "\n" not in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_student_vocabulary_that_does_not_cover_the_text_is_refused(glue_dir, tiny_teacher, tmp_path):
+    directory = tmp_path / "letters-only"
+    directory.mkdir()
+    (directory / "vocab.txt").write_text("\n".join(SPECIAL + ["the", "a"]) + "\n")  # most words are [UNK]
+    student = pretrained_student(directory, BertTokenizerFast(vocab=str(directory / "vocab.txt")))
+    with pytest.raises(ValueError, match=r"reads \d+ of \d+ tokens of the training text as unknown"):
+        run_experiment(build_config(cross_config(glue_dir, tiny_teacher, student, tmp_path / "out")))
+    assert not (tmp_path / "out").exists()
