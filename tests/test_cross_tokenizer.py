@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 from typer.testing import CliRunner
 
 from conftest import FILLER, SPECIAL
+from distilkit.evaluate import profile
+from distilkit.plans import Plans, load_plan
+from test_bench import tiny_speed_plan
 from distilkit.cli import _quiet_libraries, app
 from distilkit.config import build_config
 from distilkit.data.dataset import teacher_inputs
@@ -172,3 +176,27 @@ def test_student_vocabulary_that_does_not_cover_the_text_is_refused(glue_dir, ti
     with pytest.raises(ValueError, match=r"reads \d+ of \d+ tokens of the training text as unknown"):
         run_experiment(build_config(cross_config(glue_dir, tiny_teacher, student, tmp_path / "out")))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_times_each_model_on_its_own_tokenization(tmp_path, glue_dir, tiny_teacher, spelling_student,
+                                                         monkeypatch):
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    plan = yaml.safe_load(path.read_text())
+    plan["cells"][0]["axes"]["student"] = {"own": {"student": {"init": "pretrained",
+                                                                "pretrained": str(spelling_student)}}}
+    plan["speed"]["formats"] = ["pytorch_fp32"]
+    path.write_text(yaml.safe_dump(plan))
+    timed = []
+    measure = profile.measure
+    monkeypatch.setattr(profile, "measure", lambda runner, dataset, **kw: timed.append(dataset) or
+                        measure(runner, dataset, **kw))
+    Plans(load_plan(path), path).run()
+    teacher_read, student_read = timed  # the teacher first, then the student, in one process
+    sentence = student_read.examples[0].texts[0]
+    assert teacher_read.examples[0].texts[0] == sentence
+    assert list(teacher_read[0]["input_ids"]) == BertTokenizerFast.from_pretrained(tiny_teacher)(sentence)["input_ids"]
+    assert list(student_read[0]["input_ids"]) == \
+        BertTokenizerFast.from_pretrained(spelling_student)(sentence)["input_ids"]
+    record = json.loads((tmp_path / "results" / "records" / "sst2-kd-own.json").read_text())
+    fp32 = record["speed"]["formats"]["pytorch_fp32"]
+    assert fp32["student_dev"]["accuracy"] == pytest.approx(record["dev"]["score"])  # scored on its own reading
