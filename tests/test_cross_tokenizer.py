@@ -26,7 +26,6 @@ from test_bench import tiny_speed_plan
 from distilkit.cli import _quiet_libraries, app
 from distilkit.config import build_config
 from distilkit.data.dataset import teacher_inputs
-from distilkit.data.tasks import named_task
 from distilkit.evaluate.evaluator import evaluate_splits
 from distilkit.models.student import TransformerStudent
 from distilkit.run import build_run, model_split, run_experiment
