@@ -141,6 +141,9 @@ class DataConfig(StrictModel):
     dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
     max_length: int = Field(128, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
+    # this many seeded training examples are held out and scored as the dev split, for a task whose dev set is
+    # missing (QQP here has a train subset only); never trained on, whatever max_train_examples takes
+    dev_from_train: int | None = Field(None, ge=1)
     # training batches come from spans of this many batches sorted by length, so padding costs little;
     # 1 = batches of random composition (what a shuffled DataLoader gives), at the price of more padding
     bucket_batches: int = Field(50, ge=1)

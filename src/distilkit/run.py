@@ -56,7 +56,27 @@ def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Exam
     return [examples[i] for i in keep]
 
 
-def load_eval_data(config, task, tokenizer) -> dict[str, TokenizedDataset]:
+def held_out(examples: list[Example], n: int | None) -> tuple[list[Example], list[Example]]:
+    """(training examples, the `n` seeded ones held out from them as a dev set), both in original order."""
+    if not n:
+        return examples, []
+    if n >= len(examples):
+        raise DataError(f"data.dev_from_train={n} holds out every one of the {len(examples)} training examples: "
+                        "hold out fewer")
+    out = set(np.random.default_rng(1).permutation(len(examples))[:n].tolist())
+    return [e for i, e in enumerate(examples) if i not in out], [e for i, e in enumerate(examples) if i in out]
+
+
+def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Example], list[Example]]:
+    """The training set (held-out dev examples removed, then capped) and the examples held out as dev."""
+    train, dev = held_out(read_split(task, "train", config.data), config.data.dev_from_train)
+    return capped(train, config.data.max_train_examples), dev
+
+
+def load_eval_data(config, task, tokenizer, held_out_dev: list[Example] = ()) -> dict[str, TokenizedDataset]:
+    if held_out_dev:  # data.dev_from_train: the dev split comes from the training file
+        return {"dev": task_dataset(task, capped(list(held_out_dev), config.data.max_eval_examples), tokenizer,
+                                    config.data.max_length)}
     datasets = {}
     for split in config.eval.splits or task.dev_splits:
         try:
@@ -107,7 +127,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
-        train_examples = capped(read_split(task, "train", config.data), config.data.max_train_examples)
+        train_examples, held_out_dev = training_examples(config, task)
         if config.data.augment is not None:
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.model,
@@ -115,7 +135,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches)
-        eval_data = load_eval_data(config, task, tokenizer)
+        eval_data = load_eval_data(config, task, tokenizer, held_out_dev)
     longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
                   for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
     if config.data.mlm_probability:
