@@ -26,7 +26,7 @@ from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
-from distilkit.evaluate.against_teacher import measure_against_teacher
+from distilkit.evaluate.against_teacher import check_teacher, measure_against_teacher, teacher_scores
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method
@@ -236,6 +236,11 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
             cache_seconds = time.perf_counter() - start
         accelerator.wait_for_everyone()
 
+    # the teacher scored before training, so a weak one is said before any time is spent on it
+    scored = teacher_scores(run.teacher, run.eval_data, run.task, config.eval.batch_size) \
+        if accelerator.is_main_process else {}
+    teacher_check = check_teacher(scored, run.eval_data, run.task)
+
     def save(student, directory):
         student.save(directory, run.tokenizer, student_metadata(run))
 
@@ -270,7 +275,9 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     best_eval = next((e for e in summary["evals"] if e["step"] == summary["best_step"]), {})
     metrics["best_scores"] = {k: v for k, v in best_eval.items() if k != "step"}  # every metric at best.step
     metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
-                                           config.eval.batch_size))
+                                           config.eval.batch_size, scored))
+    if teacher_check:
+        metrics["teacher_check"] = teacher_check
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     share_students(out, config, metrics)
     return metrics
