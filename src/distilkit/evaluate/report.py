@@ -332,6 +332,53 @@ def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
     return lines
 
 
+def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
+    """Issue 24's table, one per student: per task, the teacher and the labels-only student, then each method's
+    gain over labels only paired by seed (mean ± sd in points, and the method's mean as % of the teacher).
+    ✗ marks a method below labels only by more than one sd. A teacher is flagged weak when it scores below its
+    labels-only student, or when its runs found it near the constant prediction (`teacher_check`)."""
+    import statistics
+
+    lines = []
+    for student in spec["students"]:
+        rows = []
+        for task, teacher_cell in spec["teachers"].items():
+            teacher = runs.get(teacher_cell)
+            cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
+            labels = seeded(runs, cell(spec["baseline"]))
+            if teacher is None or not labels:
+                continue
+            metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
+            top = score(teacher, metric)
+            baseline = [score(r, metric) for r in labels.values()]
+            flags = []
+            if top < statistics.mean(baseline):
+                flags.append("weak: below labels only")
+            weak = [r["teacher_check"] for r in runs.values()
+                    if r.get("task") == task and r.get("teacher_check", {}).get("weak")]
+            if weak:
+                flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
+            row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
+                   f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%)"]
+            for method in spec["methods"]:
+                found = paired(runs, cell(spec["baseline"]), cell(method))
+                if not found:
+                    row.append("–")
+                    continue
+                ours = [score(b, metric) for _, _, b in found]
+                gains = [y - score(a, metric) for (_, a, _), y in zip(found, ours)]
+                sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+                mark = " ✗" if statistics.mean(gains) + sd < 0 else ""
+                seeds = "" if len(found) >= 3 else f", {len(found)} seed{'s' * (len(found) > 1)}"
+                row.append(f"{spread(gains, points=True)} ({100 * statistics.mean(ours) / top:.1f}%{seeds}){mark}")
+            rows.append("| " + " | ".join(row) + " |")
+        if rows:
+            lines += ["", spec["caption"].format(student=student), "",
+                      "| task | metric | teacher | labels only (% of teacher) | "
+                      + " | ".join(spec["methods"]) + " |", "|---|---|---|---|" + "---|" * len(spec["methods"]), *rows]
+    return lines
+
+
 def plot_pairs(pairs: dict[str, list], spec: dict, path: Path) -> None:
     import statistics
 
@@ -491,12 +538,15 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
              ""]
     for spec in plan.report.tables:
         kind = spec["kind"]
-        if kind == "runs":
-            lines += runs_table(runs)
+        if kind == "runs":  # every run, or the ones `cells` lists
+            listed = {name: runs[name] for name in spec.get("cells", runs) if name in runs}
+            lines += ([] if "caption" not in spec else ["", spec["caption"], ""]) + runs_table(listed)
         elif kind == "teacher_percent":
             lines += teacher_percent_table(everything, spec["teachers"])
         elif kind == "paired":
             lines += paired_table(runs, spec, out_dir)
+        elif kind == "protocol":
+            lines += protocol_table(everything, spec)
         elif kind == "ablation":
             lines += ablation_table(runs, spec)
         elif kind == "compare":
