@@ -335,6 +335,13 @@ def test_codir_crd_term_is_info_nce_over_bank_negatives_and_only_a_taken_step_up
     assert torch.allclose(method.memory[:3], 0.5 * bank_before[:3] + 0.5 * h_s.detach())
 
 
+def test_codir_negatives_default_to_other_labels_on_classes_and_to_the_batch_elsewhere():
+    assert _codir().negative_sampling == "other_label"
+    assert _codir(objective="pretrain").negative_sampling == "batch"
+    assert _method({"name": "codir"}, task="stsb", train_labels=torch.tensor([0.5, 1.0])).negative_sampling == "batch"
+    assert _codir(negative_sampling="bank").negative_sampling == "bank"
+
+
 def test_codir_cls_pooling_differs_from_mean_pooling():
     student, teacher = _codir_features()
     mean, cls = _codir(), _codir(pooling="cls")
@@ -344,9 +351,9 @@ def test_codir_cls_pooling_differs_from_mean_pooling():
 
 def test_codir_explains_impossible_settings():
     with pytest.raises(ValueError, match="negative_sampling=batch"):
-        _method({"name": "codir"}, task="stsb", train_labels=torch.tensor([0.5, 1.0]))
+        _method({"name": "codir", "negative_sampling": "other_label"}, task="stsb", train_labels=torch.tensor([0.5, 1.0]))
     with pytest.raises(ValueError, match="negative_sampling=batch"):
-        _codir(objective="pretrain")
+        _codir(objective="pretrain", negative_sampling="other_label")
     method = _codir(objective="pretrain", negative_sampling="batch")
     student, teacher = _codir_features()
     with pytest.raises(ValueError, match="mlm_labels"):

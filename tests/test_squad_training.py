@@ -119,8 +119,8 @@ def test_codir_label_aware_negatives_need_classes(tmp_path, squad_files, tiny_qa
     with pytest.raises(ValueError, match=r"answer spans \(SQuAD\) .*negative_sampling=batch"):
         run_experiment(build_config({
             "task": qa_task(squad_files), "data": {"max_length": 24}, "teacher": {"model": str(tiny_qa_teacher)},
-            "student": {"layers": 2}, "method": {"name": "codir"}, "train": {"max_steps": 1, "mixed_precision": "no"},
-            "output": {"dir": str(tmp_path / "run")}}))
+            "student": {"layers": 2}, "method": {"name": "codir", "negative_sampling": "other_label"},
+            "train": {"max_steps": 1, "mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}}))
 
 
 def test_a_classification_teacher_is_refused_for_squad(tmp_path, squad_files, tiny_teacher):
