@@ -528,6 +528,7 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
     `cells` (the plan's own cells, in plan order) order the rows; records of other cells (the teachers a
     plan used) are there for tables that name them."""
     out_dir = Path(plan.results)
+    out_dir.mkdir(parents=True, exist_ok=True)  # --report-only before any cell ran
     if plan.speed:
         speed_records = [records[name] for name in sorted(cells) if name in records and "speed" in records[name]]
         return render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}", command=command)
