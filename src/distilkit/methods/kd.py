@@ -10,9 +10,13 @@ to the teacher's prediction and to the label.
 simple neural networks", eq. 2): the soft term becomes ‖zᵀ − zˢ‖², matching logits directly
 (their BiLSTM_KD, and SRA's "+KD"). Their L = α·CE + (1−α)·L_distill is hard_weight = α,
 soft_weight = 1 − α.
+
+Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
+softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
+models/teacher.py: average_logits).
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -27,6 +31,7 @@ class KD(Method):
     name = "kd"
 
     class Params(MethodParams):
+        several_teachers: ClassVar[bool] = True  # soft labels alone: several teachers' averaged logits serve
         name: Literal["kd"] = "kd"
         temperature: float = Field(2.0, gt=0)
         soft_weight: float = Field(1.0, ge=0)
