@@ -122,3 +122,35 @@ def test_one_way_to_name_teachers(glue_dir, tiny_teacher, second_teacher, tmp_pa
         build_config({**config, "teacher": {**config["teacher"], "weights": [1.0]}})
     with pytest.raises(ConfigError, match="must all be above 0"):
         build_config({**config, "teacher": {**config["teacher"], "weights": [1.0, 0.0]}})
+
+
+def test_a_plan_names_several_teacher_cells(glue_dir, tiny_teacher, tmp_path, monkeypatch):
+    import yaml
+
+    from distilkit.config import load_config
+    from distilkit.plans import Plans, load_plan
+
+    monkeypatch.setattr(Plans, "launch", lambda self, path: run_experiment(load_config(path)) and 0)
+    plan = {"name": "mt", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"),
+            "defaults": {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32,
+                                                            "max_train_examples": 32},
+                         "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no", "report_to": []}},
+            "cells": [{"name": "teacher-{seed}", "axes": {"seed": {"a": {"train": {"seed": 1}}, "b": {"train": {"seed": 2}}}},
+                       "set": {"student": {"init": "pretrained", "pretrained": str(tiny_teacher)},
+                               "method": {"name": "finetune"}}},
+                      {"name": "both", "set": {"teachers_from": ["teacher-b", "teacher-a"], "method": {"name": "kd"},
+                                               "student": {"layers": 2, "init": "teacher_layers"}}}],
+            "report": {"title": "t", "tables": [{"kind": "teacher_percent", "teachers": {"sst2": "teacher-b"}}]}}
+    path = tmp_path / "mt.yaml"
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))
+    plans = Plans(load_plan(path))
+    both = plans.cell("both")
+    assert both.config.teacher.models == [str(tmp_path / "plan" / t / "best") for t in ("teacher-b", "teacher-a")]
+    assert both.upstream == ["teacher-b", "teacher-a"]
+    records = plans.run(["both"])
+    assert {"both", "teacher-a", "teacher-b"} <= set(records)  # the cell and the teachers it learnt from
+    assert records["both"]["teacher"] == both.config.teacher.models
+    with pytest.raises(ConfigError, match="teachers_from is a list of cells"):
+        plan["cells"][1]["set"]["teachers_from"] = "teacher-a"
+        path.write_text(yaml.safe_dump(plan, sort_keys=False))
+        Plans(load_plan(path)).cell("both")

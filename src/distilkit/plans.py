@@ -192,7 +192,7 @@ def expand(plan: Plan) -> dict[str, tuple[dict, dict[str, str], dict]]:
                     name += "" if seed == seeds[0] else f"-seed{seed}"
                     data = merge(data, {"train": {"seed": seed}})
                 keys = {k: _format(data.pop(k), labels | {"name": name}) for k in PLAN_KEYS if k in data}
-                if "teachers_from" in keys:
+                if isinstance(keys.get("teachers_from"), list):
                     keys["teachers_from"] = [_format(c, labels | {"name": name}) for c in keys["teachers_from"]]
                 run_dir = group.dir.format(**labels, name=name)
                 data = merge(data, {"output": {"dir": str(Path(plan.output) / run_dir)}})
