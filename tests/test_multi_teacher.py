@@ -120,6 +120,8 @@ def test_one_way_to_name_teachers(glue_dir, tiny_teacher, second_teacher, tmp_pa
         build_config({**config, "teacher": {**config["teacher"], "model": str(tiny_teacher)}})
     with pytest.raises(ConfigError, match="teacher.weights gives 1 weights for 2 teacher.models"):
         build_config({**config, "teacher": {**config["teacher"], "weights": [1.0]}})
+    with pytest.raises(ConfigError, match="teacher.models lists 1 teacher.s.; one teacher is teacher.model"):
+        build_config({**config, "teacher": {"models": [str(tiny_teacher)]}})
     with pytest.raises(ConfigError, match="must all be above 0"):
         build_config({**config, "teacher": {**config["teacher"], "weights": [1.0, 0.0]}})
 

@@ -159,7 +159,7 @@ class TeacherConfig(StrictModel):
     # several teachers instead of one: their logits are averaged (weighted by `weights`, relative, default
     # equal) into the targets of methods that read only the teacher's logits (kd); each is cached on its own.
     # The first one gives the tokenizer and, for student.init=teacher_layers, the student's layers.
-    models: list[str] | None = Field(None, min_length=2)
+    models: list[str] | None = None
     weights: list[float] | None = None
     cache: bool = True  # keep teacher outputs on disk and reuse them
     cache_dir: str | None = None  # default: $DISTILKIT_CACHE or ~/.cache/distilkit
@@ -169,6 +169,8 @@ class TeacherConfig(StrictModel):
     def _one_way(self):
         if self.model and self.models:
             raise ValueError("set teacher.model (one teacher) or teacher.models (several), not both")
+        if self.models is not None and len(self.models) < 2:
+            raise ValueError(f"teacher.models lists {len(self.models)} teacher(s); one teacher is teacher.model")
         if self.weights is not None:
             if not self.models or len(self.weights) != len(self.models):
                 raise ValueError(f"teacher.weights gives {len(self.weights)} weights for "
