@@ -89,7 +89,9 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         # the Hub's model-index holds task results; a held-out distillation loss is no such result
         eval_results=_eval_results(task, scores, dataset, task if glue else None) if classifier and scores else None,
         distillation={"method": method, "paper": paper, "teacher": teacher,
-                      "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model")},
+                      "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model"),
+                      **({"teachers": metadata["teachers"], "teacher_weights": metadata["teacher_weights"]}
+                         if metadata.get("teachers") else {})},
     )
     lines = [f"# {data.model_name}", "",
              ("Fine-tuned on labels only" if method == "finetune" else f"Distilled by **{method}**"
@@ -98,6 +100,9 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              (f"- teacher: `{teacher}`" + (f" (Hub: `{hub_id(teacher)}`)" if hub_id(teacher) else "")
               + (f", fine-tuned from `{metadata['teacher_base_model']}`" if metadata.get("teacher_base_model")
                  and metadata["teacher_base_model"] != hub_id(teacher) else "")) if teacher else "- teacher: none",
+             *([f"- soft labels from {len(metadata['teachers'])} teachers' logits averaged (weights "
+                f"{', '.join(f'{w:.3g}' for w in metadata['teacher_weights'])}): "
+                + ", ".join(f"`{t}`" for t in metadata["teachers"])] if metadata.get("teachers") else []),
              f"- student weights derive from: `{metadata.get('base_model')}`" if metadata.get("base_model") else
              "- student initialisation: student.init in the config below",
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")

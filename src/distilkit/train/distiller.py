@@ -57,6 +57,7 @@ class TrainState:
     train_seconds: float = 0.0  # training only: evaluation and checkpoints excluded
     examples: int = 0
     evals: list[dict] = field(default_factory=list)
+    tracker_runs: dict[str, str] = field(default_factory=dict)  # tracker -> run id: a resumed run continues them
 
     @classmethod
     def from_checkpoint(cls, saved: dict) -> TrainState:
@@ -143,13 +144,14 @@ class TrainLog:
     """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, the trackers of
     train.report_to (train/tracking.py) and the progress bar; written by the main process only."""
 
-    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config):
+    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config,
+                 tracker_runs: dict[str, str]):
         self.total, self.log_every = total, log_every
         main = accelerator.is_main_process
         self.accelerator = accelerator
         self.file = open(out_dir / "log.jsonl", "a") if main else None
-        if main:
-            start_tracking(accelerator, config, out_dir, start_step)
+        # the trackers' run ids, kept with every checkpoint: the runs a resumed training continues
+        self.tracker_runs = start_tracking(accelerator, config, out_dir, start_step, tracker_runs) if main else {}
         self.bar = tqdm(total=total, initial=start_step, desc="train", disable=not main, dynamic_ncols=True,
                         mininterval=0.5 if sys.stderr.isatty() else 30)
         self.running: dict[str, float] = {}
@@ -217,7 +219,8 @@ class Distiller:
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
         state = self._resume(module, optimizer, scheduler)
         wrapped, optimizer = acc.prepare(module, optimizer)
-        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg)
+        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg, state.tracker_runs)
+        state.tracker_runs = log.tracker_runs
         clock = Stopwatch(state.train_seconds)
         module.train()
         try:

@@ -43,3 +43,11 @@ def check_same_vocabulary(teacher_tokenizer, student_tokenizer, teacher: str, st
     raise ValueError(f"the student {student} has another vocabulary than the teacher {teacher} ({len(student_vocab)} "
                      f"vs {len(teacher_vocab)} tokens, {differing} of the teacher's map elsewhere or are missing): "
                      "use a student with the teacher's tokenizer, or student.init=random/teacher_layers")
+
+
+def check_teachers_share_vocabulary(first_tokenizer, other_tokenizer, first: str, other: str) -> None:
+    """Several teachers (teacher.models) read the one tokenisation of the data, as the student does."""
+    if first_tokenizer.get_vocab() != other_tokenizer.get_vocab():
+        raise ValueError(f"teacher {other} has another vocabulary than teacher {first}: several teachers must share "
+                         "one tokenizer (the student reads one set of token ids); use teachers fine-tuned from the "
+                         "same base model")
