@@ -94,11 +94,13 @@ def test_teacher_cache_stores_span_logits_per_window(tmp_path, squad_files, tiny
 
 
 @pytest.mark.parametrize("method", [
+    {"name": "finetune"},
     {"name": "kd", "hard_weight": 0.5},
     {"name": "tinybert"},
     {"name": "pkd"},
     {"name": "lrc"},
     {"name": "codir", "negative_sampling": "batch", "negatives": 4},
+    {"name": "text_smoothing"},
     {"name": "text_smoothing", "kd_weight": 1.0},
 ])
 def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_teacher, tiny_base_model, method):
