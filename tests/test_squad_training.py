@@ -171,6 +171,15 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     metrics = json.loads(result.stdout)
     assert metrics["teacher_forward_passes"] > 0 and set(metrics["final"]["dev"]) == {"exact_match", "f1"}
 
+    # its card says what it is: a QA model scored by EM/F1, not a GLUE classifier
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(student / "final" / "README.md", ignore_metadata_errors=False)
+    assert card.data.pipeline_tag == "question-answering" and not card.data.datasets
+    assert {r.task_type for r in card.data.eval_results} == {"question-answering"}
+    assert {r.metric_type for r in card.data.eval_results} == {"exact_match", "f1"}
+    assert "answer start and end scores" in card.text
+
     # the student is a plain Hugging Face QA model (transformers 5 has no question-answering pipeline)
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
