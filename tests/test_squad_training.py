@@ -199,6 +199,9 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     assert answer["answer"] and answer["answer"] in context and set(answer) == {"question", "answer", "no_answer_odds"}
+    result = cli("predict", str(student / "final"), f"what was good ? ||| {context}")  # PyTorch: the same answer
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["answer"] == answer["answer"]
     from distilkit.evaluate.profile import Deployment, format_record
     from distilkit.data.tasks import named_task
 
