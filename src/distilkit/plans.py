@@ -383,9 +383,14 @@ class Plans:
     # records ------------------------------------------------------------------------------------
 
     def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
-        """The run's metrics with what names and reproduces it; rewritten only when the run changed."""
+        """The run's metrics with what names and reproduces it (and, for a teacher cell's student, that
+        teacher's dev scores, so each record reads alone); rewritten only when the run changed."""
+        teacher = self.cell(cell.teacher_from).dir if cell.teacher_from else None
         record = {"cell": cell.name, "plan": cell.plan, "labels": cell.labels, "dir": str(cell.dir), **metrics,
                   "best_dev": best_dev(cell.dir, metrics),
+                  **({"teacher_cell": cell.teacher_from,
+                      "teacher_best_dev": best_dev(teacher, json.loads((teacher / "metrics.json").read_text()))}
+                     if teacher else {}),
                   "environment": json.loads((cell.dir / "env.json").read_text()),
                   "config": cell.config.model_dump(mode="json")}
         text = json.dumps(record, indent=2)

@@ -234,12 +234,19 @@ def score(record: dict, metric: str) -> float:
     return best_dev(record)[metric]
 
 
-def spread(values: list[float], points: bool = False) -> str:
+def point_scale(record: dict) -> int:
+    """Points per unit of a record's scores: GLUE's are fractions (×100), SQuAD's EM and F1 already points."""
+    from distilkit.data.tasks import QA_TASKS
+
+    return 1 if record.get("task") in QA_TASKS else 100
+
+
+def spread(values: list[float], points: bool = False, unit: int = 100) -> str:
     """Mean ± sample standard deviation over seeds (the mean alone for one seed); `points`: differences
-    of scores, shown signed in points."""
+    of scores, shown signed in points (`unit` points per unit of the scores)."""
     import statistics
 
-    scale, mean_format, sd_format = (100, "+.1f", ".1f") if points else (1, ".4f", ".4f")
+    scale, mean_format, sd_format = (unit, "+.1f", ".1f") if points else (1, ".4f", ".4f")
     mean = format(scale * statistics.mean(values), mean_format)
     return mean if len(values) < 2 else f"{mean} ± {format(scale * statistics.stdev(values), sd_format)}"
 
@@ -317,12 +324,12 @@ def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
                                                for k in metrics) + " |",
              "|---|---|" + "---|---|---|---|" * len(metrics)]
     for label, found in pairs.items():
-        cells = []
+        cells, unit = [], point_scale(found[0][1])
         for k in metrics:
             first, second = [score(a, k) for _, a, _ in found], [score(b, k) for _, _, b in found]
             gains = [y - x for x, y in zip(first, second)]
-            cells.append(f"{spread(first)} | {spread(second)} | {spread(gains, points=True)} | "
-                         + ", ".join(f"{100 * gain:+.1f}" for gain in gains))
+            cells.append(f"{spread(first)} | {spread(second)} | {spread(gains, points=True, unit=unit)} | "
+                         + ", ".join(f"{unit * gain:+.1f}" for gain in gains))
         lines.append(f"| {label} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
     if missing:
         lines += ["", f"Not in every record, so left out: {', '.join(missing)} at the best checkpoint."]
@@ -417,10 +424,10 @@ def ablation_table(runs: dict[str, dict], spec: dict) -> list[str]:
     for name, (full, what, found) in rows.items():
         f = [score(full_run, metric) for _, full_run, _ in found]
         a = [score(ablated, metric) for _, _, ablated in found]
-        changes = [x - y for x, y in zip(a, f)]
+        changes, unit = [x - y for x, y in zip(a, f)], point_scale(found[0][1])
         lines.append(f"| {name} | {what} | {', '.join(str(seed) for seed, _, _ in found)} | {full} {spread(f)} | "
-                     f"{spread(a)} | {spread(changes, points=True)} | "
-                     f"{', '.join(f'{100 * c:+.1f}' for c in changes)} | "
+                     f"{spread(a)} | {spread(changes, points=True, unit=unit)} | "
+                     f"{', '.join(f'{unit * c:+.1f}' for c in changes)} | "
                      f"{statistics.mean(r['train_seconds'] for _, r, _ in found):.0f} → "
                      f"{statistics.mean(r['train_seconds'] for _, _, r in found):.0f} |")
     return lines
