@@ -199,8 +199,8 @@ _LOGGED_UNPACKED: set[str] = set()
 
 # a packed row holds sequences up to this many tokens in all; None: as many as the batch's longest sequence.
 # In training, attention runs SDPA's math kernel (its fused CPU kernel takes no dropout), whose cost and
-# memory grow with rows × row length², so the shortest rows are the fastest: longer ones only save the
-# little that first-fit leaves free (benchmarks/results/packing: rows of 256 tokens were 1.3x slower)
+# memory grow with rows × row length² (tokens × row length), so the shortest rows are the cheapest: longer
+# ones only save the little that first-fit leaves free (benchmarks/profile_step.py measures 256 against this)
 PACKED_ROW_TOKENS: int | None = None
 
 

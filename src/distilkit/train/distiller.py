@@ -114,9 +114,9 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_optimizer(module: nn.Module, train_cfg) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel over all parameters) on the devices torch has a fused kernel for: on the CPU
-    the per-tensor loop reads and writes the S4-312's 9.5M-entry embedding table about ten times a step
-    (benchmarks/results/packing)."""
+    """AdamW, fused (one kernel over all parameters) where torch has a fused kernel: the per-tensor loop reads
+    and writes every parameter several times a step, e.g. an S4-312's 9.5M-entry embedding table
+    (benchmarks/profile_step.py compares the two)."""
     fused = next(module.parameters()).device.type in ("cpu", "cuda")
     return torch.optim.AdamW(_param_groups(module, train_cfg.weight_decay), lr=train_cfg.learning_rate, fused=fused)
 
