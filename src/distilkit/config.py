@@ -144,8 +144,8 @@ class DataConfig(StrictModel):
     # 1 (the default): training batches of random composition, as a shuffled DataLoader gives them; N > 1: from
     # spans of N batches sorted by length, so that padded batches waste little. Length-homogeneous batches cost
     # accuracy where short and long inputs mix (SST-2's phrases and sentences: -1.5 points vs TextBrewer, against
-    # +0.8 with random batches, benchmarks/results/vs_textbrewer-fp32), and train.packing makes random batches as
-    # fast without padding to waste (benchmarks/results/packing)
+    # +0.8 with random batches, benchmarks/results/vs_textbrewer-fp32); train.packing takes the padding out of
+    # random batches
     bucket_batches: int = Field(1, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
@@ -211,7 +211,7 @@ class TrainConfig(StrictModel):
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
     # the student's batches run as a few rows of whole sequences with a block-diagonal attention mask: no compute
     # on padding, the same outputs (models/features.py); students that cannot run packed run padded, with one log
-    # line. On by default: random batches then cost what length-bucketed ones do (benchmarks/results/packing)
+    # line. On by default, so that the default random batches spend nothing on padding
     packing: bool = True
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
