@@ -200,7 +200,8 @@ _LOGGED_UNPACKED: set[str] = set()
 # a packed row holds sequences up to this many tokens in all; None: as many as the batch's longest sequence.
 # In training, attention runs SDPA's math kernel (its fused CPU kernel takes no dropout), whose cost and
 # memory grow with rows × row length² (tokens × row length), so the shortest rows are the cheapest: longer
-# ones only save the little that first-fit leaves free (benchmarks/profile_step.py measures 256 against this)
+# ones only save the little that first-fit leaves free. Not yet timed on a quiet CPU: `python
+# benchmarks/profile_step.py --arms packed256-random packed-random` compares rows of 256 tokens with these
 PACKED_ROW_TOKENS: int | None = None
 
 
