@@ -25,13 +25,27 @@ def _method(params: dict, **ctx):
 
 
 def test_kd_soft_term_is_t_squared_kl():
-    method = _method({"name": "kd", "temperature": 2.0})
+    method = _method({"name": "kd", "temperature": 2.0, "hard_weight": 0.0})
     student = Features(torch.ones(1, 1), logits=torch.tensor([[1.0, 1.0]]))
     teacher = Features(torch.ones(1, 1), logits=torch.tensor([[0.0, 2 * math.log(3)]]))
     terms = method.loss_terms({"labels": torch.tensor([1])}, student, teacher, Progress(0, 10))
     kl = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # at T=2 the teacher's probabilities are [1/4, 3/4]
     assert set(terms) == {"soft"}
     assert terms["soft"].item() == pytest.approx(4 * kl, abs=1e-6)
+
+
+def test_kd_adds_the_label_term_by_default_only_where_there_are_gold_labels():
+    student = Features(torch.ones(1, 1), logits=torch.tensor([[0.0, math.log(3)]]))
+    teacher = Features(torch.ones(1, 1), logits=torch.tensor([[0.0, 0.0]]))
+    batch = {"labels": torch.tensor([1])}
+    labelled = _method({"name": "kd"})
+    terms = labelled.loss_terms(batch, student, teacher, Progress(0, 10))
+    assert labelled.uses_labels() and set(terms) == {"soft", "hard"}
+    assert terms["hard"].item() == pytest.approx(-math.log(0.75))  # CE at T=1: p(label 1) = 3/4, weight 1
+    unlabelled = get_method("kd")(method_params({"name": "kd"}), MethodContext(
+        task=glue_task("sst2"), student=None, teacher=None, train_size=4, labelled=False))
+    assert not unlabelled.uses_labels()
+    assert set(unlabelled.loss_terms(batch, student, teacher, Progress(0, 10))) == {"soft"}
 
 
 def test_kd_t_squared_keeps_gradient_scale_across_temperatures():

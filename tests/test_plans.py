@@ -152,6 +152,11 @@ def test_the_demo_plan_end_to_end_on_tiny_data(tmp_path, tiny_base_model, glue_d
     teacher = yaml.safe_load((tmp_path / "demo" / "student-kd" / "config.yaml").read_text())["teacher"]["model"]
     assert teacher == str(tmp_path / "demo" / "teacher" / "best")
 
+    launched.clear()  # another students' seed reuses the teacher
+    run_demo(str(glue_dir), tmp_path / "demo", "fast", tiny, seed=3)
+    assert launched == ["student-kd", "student-finetune"]
+    assert yaml.safe_load((tmp_path / "demo" / "student-kd" / "config.yaml").read_text())["train"]["seed"] == 3
+
 
 def test_cli_bench_reports_bad_plans(tmp_path):
     path = tmp_path / "p.yaml"

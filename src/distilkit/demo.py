@@ -18,20 +18,24 @@ BUDGETS = {"fast": [], "full": ["defaults.data.max_train_examples=null"]}
 NAMES = {"teacher": "T6 teacher", "student-kd": "S3-384 KD", "student-finetune": "S3-384 labels"}
 
 
-def demo_overrides(data: str | None, output: Path, budget: str) -> list[str]:
+def demo_overrides(data: str | None, output: Path, budget: str, seed: int | None = None) -> list[str]:
+    """The plan's fields the demo's options change; `seed` is the students' (cells.1), so that runs at several
+    seeds share one teacher."""
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}: choose one of {', '.join(BUDGETS)}")
-    return [f"output={output}", *BUDGETS[budget], *([f"defaults.data.dir={data}"] if data else [])]
+    return [f"output={output}", *BUDGETS[budget], *([f"defaults.data.dir={data}"] if data else []),
+            *([f"cells.1.set.train.seed={seed}"] if seed is not None else [])]
 
 
-def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: list[str] | None = None) -> dict:
+def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: list[str] | None = None,
+             seed: int | None = None) -> dict:
     from distilkit.evaluate.speed import pytorch_runner, side_by_side
     from distilkit.models.student import load_student
     from distilkit.plans import Plans, load_plan
     from distilkit.run import model_split
 
     console = Console(stderr=True)
-    plans = Plans(load_plan("demo", demo_overrides(data, Path(output), budget) + list(overrides or [])))
+    plans = Plans(load_plan("demo", demo_overrides(data, Path(output), budget, seed) + list(overrides or [])))
     cells = plans.cells()  # every config checked (data folder, budget) before any training
     metrics = {name: plans.train(cell) for name, cell in cells.items()}
 

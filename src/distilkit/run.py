@@ -142,6 +142,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
     ctx = MethodContext(task=task, student=student, teacher=teacher, train_size=train_data.num_examples,
                         train_labels=None if task.answer_spans else labels,  # answer positions are no classes
+                        labelled=labels is not None,
                         accelerator=accelerator, train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:

@@ -38,6 +38,8 @@ class MethodContext:
     teacher: object | None  # a distilkit Teacher
     train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
     train_labels: torch.Tensor | None = None  # for label-aware negatives
+    # the training set carries gold labels (False: an unlabeled corpus, or an augmented set the teacher labels)
+    labelled: bool = True
     accelerator: object | None = None  # for gathering in-batch negatives across processes
     train_data: object | None = None  # the TokenizedDataset (RefBERT pairs each example with a reference)
     # where a method keeps teacher outputs it computes itself (an MLM table, reference features): the
