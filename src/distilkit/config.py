@@ -148,9 +148,12 @@ class DataConfig(StrictModel):
     # this many seeded training examples are held out and scored as the dev split, for a task whose dev set is
     # missing (QQP here has a train subset only); never trained on, whatever max_train_examples takes
     dev_from_train: int | None = Field(None, ge=1)
-    # training batches come from spans of this many batches sorted by length, so padding costs little;
-    # 1 = batches of random composition (what a shuffled DataLoader gives), at the price of more padding
-    bucket_batches: int = Field(50, ge=1)
+    # 1 (the default): training batches of random composition, as a shuffled DataLoader gives them; N > 1: from
+    # spans of N batches sorted by length, so that padded batches waste little. Length-homogeneous batches cost
+    # accuracy where short and long inputs mix (SST-2's phrases and sentences: -1.5 points vs TextBrewer, against
+    # +0.8 with random batches, benchmarks/results/vs_textbrewer-fp32); train.packing takes the padding out of
+    # random batches
+    bucket_batches: int = Field(1, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
     augment: AugmentConfig | None = None  # augmented transfer set for task distillation
@@ -248,9 +251,9 @@ class TrainConfig(StrictModel):
     # computes it natively, else no (fp32). The resolved config records what ran.
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
     # the student's batches run as a few rows of whole sequences with a block-diagonal attention mask: no compute
-    # on padding, the same outputs (models/features.py). Off by default: on this CPU length-bucketed padded
-    # batches are faster still (benchmarks/results/packing; random batches: SST-2 1.27x, MRPC 0.93x)
-    packing: bool = False
+    # on padding, the same outputs (models/features.py); students that cannot run packed run padded, with one log
+    # line. On by default, so that the default random batches spend nothing on padding
+    packing: bool = True
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
