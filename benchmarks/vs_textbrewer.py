@@ -1,27 +1,27 @@
 """distilkit vs TextBrewer 0.2.1 on one distillation job (BENCHMARK.md, "Side-by-side comparisons").
 
-The job: the T6 teacher fine-tuned on SST-2 → S4-312 (random init), the same seeded subset of SST-2
-train (4,000 examples), batch 32, max length 64, soft-label KD (cross-entropy at T=2) + hidden MSE
-with linear projections on 5 layer pairs (embeddings 0↔0 and student layers 1-4 ↔ teacher 2, 3,
-5, 6), 3 epochs, AdamW lr 1e-4 (weight decay 0.01 off biases and LayerNorms), 10% warm-up then
-linear decay, gradient clipping at 1.0, seed 42. Both sides get the same student initial weights
-(built by distilkit with the seed) and are scored by the same code on the full SST-2 dev set.
+The job: the T6 teacher fine-tuned on the same 4,000-example SST-2 subset (the teachers plan's cell
+`teacher-sst2-4k`) → S4-312 (random init), batch 32, max length 64, soft-label KD (cross-entropy at T=2)
++ hidden MSE with linear projections on 5 layer pairs (embeddings 0↔0 and student layers 1-4 ↔ teacher 2,
+3, 5, 6), 3 epochs, AdamW lr 5e-4 (weight decay 0.01 off biases and LayerNorms), 10% warm-up then linear
+decay, gradient clipping at 1.0. At a given seed both sides get the same student initial weights (built by
+distilkit with the seed) and are scored by the same code on the full SST-2 dev set: a paired comparison.
 
-- distilkit: `tinybert` with `schedule: joint` (every term at every step) and attention_weight 0;
-  its defaults otherwise: teacher outputs cached once, length-bucketed dynamic padding, bf16
-  autocast where the CPU has native bf16 and fp32 elsewhere (`--distilkit-precision no|bf16` forces one).
-- TextBrewer: `GeneralDistiller` with kd_loss_type "ce", hard_label_weight 0 and hidden_mse
-  matches with ["linear", 312, 384] projections, fp32, a shuffled DataLoader padded to max length as
-  in TextBrewer's examples (`--textbrewer-padding dynamic` pads per batch instead).
+- distilkit: `tinybert` with `schedule: joint` (every term at every step) and attention_weight 0, and
+  distilkit's defaults for everything else (batching, teacher cache, optimizer); `--precision no` (fp32,
+  the default here) or `bf16` (autocast).
+- TextBrewer: `GeneralDistiller` with kd_loss_type "ce", hard_label_weight 0 and hidden_mse matches with
+  ["linear", 312, 384] projections, fp32, a shuffled DataLoader padded to max length as in TextBrewer's
+  examples (`--textbrewer-padding dynamic` pads per batch instead).
 
-Each side runs in its own process (peak RSS is that process's VmHWM). Training time per epoch
-excludes dev evaluation on both sides; distilkit's first epoch includes building its teacher cache
-(the cache starts empty). Results: <out>/results.json and <out>/README.md (sections added by hand below
-the generated table, from the first "## " heading on, are kept), and the results as JSON on stdout (the
-benchmark plan `vs-textbrewer` runs it as steps: `distilkit bench vs-textbrewer`).
+`--side S --seed N` runs one side at one seed in this process and writes <work>/seed-N/<side>/result.json
+(peak RSS is this process's VmHWM; training time per epoch excludes dev evaluation on both sides;
+distilkit's first epoch includes building its teacher cache, which starts empty). `--summary` pairs the
+sides by seed and writes <out>/summary.json, results.json and README.md (sections added by hand below the
+generated tables, from the first "## " heading on, are kept). The plan `vs-textbrewer` runs it all:
 
-    python benchmarks/vs_textbrewer.py                                       # the full comparison
-    python benchmarks/vs_textbrewer.py --examples 300 --epochs 1 --out /tmp/vs-tb-smoke   # smoke run
+    DISTILKIT_DATA=../shared/data distilkit bench vs-textbrewer
+    python benchmarks/vs_textbrewer.py --side distilkit --examples 300 --epochs 1 --work /tmp/vs-tb   # a smoke run
 """
 
 from __future__ import annotations
@@ -30,24 +30,21 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import shutil
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
 
-from distilkit.config import DataConfig
-
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TEACHER = str(ROOT / "benchmarks/work/teachers/sst2/best")
+DEFAULT_TEACHER = str(ROOT / "benchmarks/work/teachers/sst2-4k/best")
 
 
 def distilkit_config(args, work: Path, precision: str) -> dict:
+    """The job as a distilkit experiment: what the job fixes, distilkit's defaults for everything else."""
     return {
         "task": {"name": "sst2"},
-        "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples,
-                 "bucket_batches": args.distilkit_bucket_batches},
+        "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples},
         "teacher": {"model": args.teacher, "cache_dir": str(work / "teacher-cache")},
         "student": {"preset": "S4-312", "init": "random"},
         "method": {"name": "tinybert", "schedule": "joint", "temperature": 2.0, "attention_weight": 0.0,
@@ -57,6 +54,11 @@ def distilkit_config(args, work: Path, precision: str) -> dict:
                   "threads": args.threads, "log_every": 10},
         "output": {"dir": str(work / "distilkit-run")},
     }
+
+
+def batching(config) -> str:
+    order = "random batches" if config.data.bucket_batches == 1 else f"length-bucketed ({config.data.bucket_batches})"
+    return f"{'packed' if config.train.packing else 'dynamic padding'}, {order}"
 
 
 def vm_hwm_mb() -> float:
@@ -72,7 +74,7 @@ def run_distilkit(args, work: Path) -> dict:
     from distilkit.run import run_experiment
 
     start = time.perf_counter()
-    config = build_config(distilkit_config(args, work, args.distilkit_precision))
+    config = build_config(distilkit_config(args, work, args.precision))
     metrics = run_experiment(config)
     wall = time.perf_counter() - start
     evals = [r for r in map(json.loads, (work / "distilkit-run" / "log.jsonl").read_text().splitlines())
@@ -81,7 +83,7 @@ def run_distilkit(args, work: Path) -> dict:
     epochs = [b - a for a, b in zip([0.0] + ends, ends)]
     epochs[0] += metrics["teacher_cache_seconds"]
     return {"tool": "distilkit", "dtype": "bf16" if config.train.mixed_precision == "bf16" else "fp32",
-            "padding": ("dynamic, length-bucketed" if args.distilkit_bucket_batches > 1 else "dynamic, random batches"),
+            "padding": batching(config),
             "epoch_seconds": epochs, "total_seconds": sum(epochs),
             "teacher_cache_seconds": metrics["teacher_cache_seconds"],
             "examples_per_second": metrics["train_examples"] / sum(epochs),
@@ -161,102 +163,148 @@ def run_textbrewer(args, work: Path) -> dict:
 
 # driver ----------------------------------------------------------------------------------------
 
+SIDES = {"textbrewer": "TextBrewer", "distilkit": "distilkit fp32", "distilkit-bf16": "distilkit bf16"}
+
+
+def side_name(args) -> str:
+    return "textbrewer" if args.side == "textbrewer" else ("distilkit-bf16" if args.precision == "bf16" else "distilkit")
+
+
+def run_side(args) -> None:
+    """One side at one seed, in this process: <work>/seed-N/<side>/result.json, and the result on stdout."""
+    from transformers.utils import logging as hf_logging
+
+    from distilkit.machine import environment
+
+    hf_logging.set_verbosity_error()
+    work = args.work / f"seed-{args.seed}" / side_name(args)
+    if work.exists():
+        shutil.rmtree(work)  # a cold start: no teacher cache, no checkpoint to resume
+    work.mkdir(parents=True)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result alone
+        result = (run_distilkit if args.side == "distilkit" else run_textbrewer)(args, work)
+    result |= {"seed": args.seed, "teacher": args.teacher, "examples": args.examples, "epochs": args.epochs,
+               "lr": args.lr, "threads": args.threads, "environment": environment()}
+    (work / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarise(work: Path) -> dict:
+    """Every seed with a TextBrewer side, paired with the distilkit sides of the same seed."""
+    seeds: dict[int, dict] = {}
+    for folder in sorted(work.glob("seed-*"), key=lambda f: int(f.name.removeprefix("seed-"))):
+        sides = {side: json.loads((folder / side / "result.json").read_text())
+                 for side in SIDES if (folder / side / "result.json").is_file()}
+        if "textbrewer" in sides and "distilkit" in sides:
+            seeds[int(folder.name.removeprefix("seed-"))] = sides
+    if not seeds:
+        raise SystemExit(f"no seed under {work} has both a TextBrewer and a distilkit result: run the plan's steps")
+    per_seed, columns = {}, {}
+    for seed, sides in seeds.items():
+        tb = sides["textbrewer"]
+        per_seed[seed] = {side: {"total_seconds": r["total_seconds"], "epoch_seconds": r["epoch_seconds"],
+                                 "dev_accuracy": r["dev_accuracy"], "peak_rss_mb": r["peak_rss_mb"]}
+                          for side, r in sides.items()}
+        for side, r in sides.items():
+            if side == "textbrewer":
+                continue
+            column = columns.setdefault(side, {"time_ratio": [], "epoch1_ratio": [], "accuracy_diff_points": []})
+            column["time_ratio"].append(tb["total_seconds"] / r["total_seconds"])
+            column["epoch1_ratio"].append(tb["epoch_seconds"][0] / r["epoch_seconds"][0])
+            column["accuracy_diff_points"].append(100 * (r["dev_accuracy"] - tb["dev_accuracy"]))
+    stats = {side: {f"{name}_{kind}": value for name, values in column.items()
+                    for kind, value in zip(("mean", "sd"), mean_sd(values))} | {"seeds": len(column["time_ratio"])}
+             for side, column in columns.items()}
+    fp32 = stats["distilkit"]
+    summary = {"seeds": sorted(seeds), "time_ratio_mean": fp32["time_ratio_mean"],
+               "epoch1_ratio_mean": fp32["epoch1_ratio_mean"],
+               "accuracy_diff_points_mean": fp32["accuracy_diff_points_mean"],
+               "accuracy_diff_points_sd": fp32["accuracy_diff_points_sd"],
+               "about": "TextBrewer time / distilkit time (3 epochs and epoch 1) and distilkit - TextBrewer dev accuracy "
+                        "in points, paired by seed; distilkit fp32 with its default settings, both sides fp32",
+               "distilkit_bf16": stats.get("distilkit-bf16")}
+    first = next(iter(seeds.values()))
+    return {"summary": summary, "per_side": stats, "per_seed": per_seed,
+            "batching": {side: r["padding"] for side, r in first.items()},
+            "job": {k: first["textbrewer"][k] for k in ("teacher", "examples", "epochs", "lr", "threads")},
+            "environment": first["distilkit"]["environment"]}
+
+
 def markdown(result: dict, command: str) -> str:
-    job, sides = result["job"], result["sides"]
-    env = result["environment"]
-    n_epochs = job["epochs"]
-    lines = ["# distilkit vs TextBrewer: the same distillation job", "",
-             f"T6 teacher fine-tuned on SST-2 ({job['teacher']}) → S4-312 (random init, identical initial weights), "
-             f"{job['examples']:,} SST-2 train examples (seeded subset), batch 32, max length 64, soft-label KD "
-             f"(T=2, cross-entropy) + hidden MSE with linear projections on 5 layer pairs, {n_epochs} epoch(s), "
-             f"AdamW lr {job['lr']}, seed {job['seed']}, {job['threads']} torch thread(s). "
-             f"Machine: {env['cpu']}, {env['cores']} cores, torch {env['torch']}, transformers {env['transformers']}.",
-             "", "| | dtype | padding | " + " | ".join(f"epoch {i + 1} s" for i in range(n_epochs))
-             + " | total s | ex/s | teacher fwd | peak RSS MB | dev acc |",
-             "|" + "---|" * (n_epochs + 8)]
-    for side in sides.values():
-        lines.append(f"| {side['tool']} | {side['dtype']} | {side['padding']} | "
-                     + " | ".join(f"{s:.1f}" for s in side["epoch_seconds"])
-                     + f" | {side['total_seconds']:.1f} | {side['examples_per_second']:.1f} "
-                       f"| {side['teacher_forward_passes']} | {side['peak_rss_mb']:.0f} | {side['dev_accuracy']:.4f} |")
-    r = result["ratios"]
-    lines += ["", f"TextBrewer ÷ distilkit training time: {r['total']:.2f}× over {n_epochs} epoch(s), "
-                  f"{r['epoch_1']:.2f}× on epoch 1 (distilkit's epoch 1 includes building its teacher cache); "
-                  f"dev accuracy distilkit − TextBrewer: {100 * r['dev_accuracy_difference']:+.2f} points.",
-              "", "Training time excludes dev evaluation on both sides; each side ran in its own process, one after "
-                  "the other.", "", "```sh", command, "```", ""]
+    job, env, s = result["job"], result["environment"], result["summary"]
+    seeds = s["seeds"]
+    lines = ["# distilkit vs TextBrewer: the same distillation job, distilkit's default settings", "",
+             f"T6 teacher fine-tuned on the same SST-2 subset ({job['teacher']}) → S4-312 (random init, identical "
+             f"initial weights at each seed), {job['examples']:,} SST-2 train examples (seeded subset), batch 32, max "
+             f"length 64, soft-label KD (T=2, cross-entropy) + hidden MSE with linear projections on 5 layer pairs, "
+             f"{job['epochs']} epochs, AdamW lr {job['lr']}, {job['threads']} torch threads. Machine: {env['cpu']}, "
+             f"{env['cores']} cores, {'native bf16 (AVX512-BF16)' if env['native_bf16'] else 'no native bf16'}, torch {env['torch']}, "
+             f"transformers {env['transformers']}. Batching: "
+             + "; ".join(f"{SIDES[side]}: {how}" for side, how in result["batching"].items()) + ".", "",
+             "| seed | " + " | ".join(f"{SIDES[side]} {what}" for side in SIDES for what in ("s", "epoch 1 s", "dev acc"))
+             + " |", "|---" * (1 + 3 * len(SIDES)) + "|"]
+    for seed, sides in result["per_seed"].items():
+        cells = []
+        for side in SIDES:
+            r = sides.get(side)
+            cells += ([f"{r['total_seconds']:.0f}", f"{r['epoch_seconds'][0]:.0f}", f"{r['dev_accuracy']:.4f}"]
+                      if r else ["–"] * 3)
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    lines += ["", "| distilkit, paired by seed | TextBrewer ÷ distilkit time, 3 epochs | on epoch 1 | "
+                  "dev accuracy − TextBrewer (points) | seeds |", "|---|---|---|---|---|"]
+    for side, st in result["per_side"].items():
+        lines.append(f"| {SIDES[side]} | {st['time_ratio_mean']:.2f}× ± {st['time_ratio_sd']:.2f} "
+                     f"| {st['epoch1_ratio_mean']:.2f}× ± {st['epoch1_ratio_sd']:.2f} "
+                     f"| {st['accuracy_diff_points_mean']:+.2f} ± {st['accuracy_diff_points_sd']:.2f} | {st['seeds']} |")
+    lines += ["", f"Seeds {', '.join(map(str, seeds))}; mean ± sd over seeds. Training time excludes dev evaluation "
+                  "on both sides; distilkit's epoch 1 includes building its teacher cache (it starts empty). Each "
+                  "side ran in its own process, one after the other, under a lock that kept other heavy jobs off "
+                  "the CPU; summary.json holds the fp32 figures.", "", "```sh", command, "```", ""]
     return "\n".join(lines)
 
 
-DEFAULT_BUCKET_BATCHES = DataConfig.model_fields["bucket_batches"].default
-
-
-def side_folder(args, side: str) -> Path:
-    """Where one side works and writes result.json; a distilkit side with other batching gets its own folder."""
-    if side == "distilkit" and args.distilkit_bucket_batches != DEFAULT_BUCKET_BATCHES:
-        return args.work / f"distilkit-bucket{args.distilkit_bucket_batches}"
-    return args.work / side
+def write_summary(args) -> None:
+    result = summarise(args.work)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(result["summary"], indent=2) + "\n")
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    readme = args.out / "README.md"
+    added = readme.read_text().partition("\n## ")[1:] if readme.is_file() else ("", "")
+    text = markdown(result, "DISTILKIT_DATA=../shared/data distilkit bench vs-textbrewer")
+    readme.write_text(text + "".join(added))
+    print(text, file=sys.stderr)
+    print(json.dumps(result["summary"], indent=2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", choices=["distilkit", "textbrewer"], help="run one side at one seed")
+    parser.add_argument("--summary", action="store_true", help="pair the sides' results by seed")
     parser.add_argument("--teacher", default=DEFAULT_TEACHER)
     parser.add_argument("--data", default=os.environ.get("DISTILKIT_DATA"))
     parser.add_argument("--examples", type=int, default=4000)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--distilkit-precision", choices=["auto", "bf16", "no"], default="auto")
-    parser.add_argument("--distilkit-bucket-batches", type=int, default=DEFAULT_BUCKET_BATCHES,
-                        help="data.bucket_batches of the distilkit side (1 = batches of random composition, as TextBrewer's)")
+    parser.add_argument("--precision", choices=["no", "bf16"], default="no",
+                        help="distilkit side: fp32 (no) or bf16 autocast; TextBrewer runs fp32")
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/vs_textbrewer")
     parser.add_argument("--work", type=Path, default=ROOT / "benchmarks/work/vs_textbrewer")
-    parser.add_argument("--readme-command", help="the command README.md gives to reproduce it (default: this one)")
-    parser.add_argument("--side", choices=["distilkit", "textbrewer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not args.data:
-        parser.error("set --data or DISTILKIT_DATA to the folder holding glue/SST-2")
-
-    if args.side:  # one side, in this (child) process
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        work = side_folder(args, args.side)
-        if work.exists():
-            shutil.rmtree(work)  # a cold start: no teacher cache, no checkpoint to resume
-        work.mkdir(parents=True)
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result alone
-            result = (run_distilkit if args.side == "distilkit" else run_textbrewer)(args, work)
-        (work / "result.json").write_text(json.dumps(result, indent=2))
-        print(json.dumps(result, indent=2))
-        return
-
-    from distilkit.machine import environment
-
-    sides = {}
-    for side in ("distilkit", "textbrewer"):
-        print(f"== {side}", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, *sys.argv, "--side", side], check=True, stdout=subprocess.DEVNULL)
-        sides[side] = json.loads((side_folder(args, side) / "result.json").read_text())
-    dk, tb = sides["distilkit"], sides["textbrewer"]
-    result = {"job": {"teacher": args.teacher, "examples": args.examples, "epochs": args.epochs, "lr": args.lr,
-                      "seed": args.seed, "threads": args.threads, "batch_size": 32, "max_length": 64},
-              "environment": environment(), "sides": sides,
-              "ratios": {"total": tb["total_seconds"] / dk["total_seconds"],
-                         "epoch_1": tb["epoch_seconds"][0] / dk["epoch_seconds"][0],
-                         "dev_accuracy_difference": dk["dev_accuracy"] - tb["dev_accuracy"]}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    command = "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
-    result["command"] = command
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
-    readme = args.out / "README.md"
-    added = readme.read_text().partition("\n## ")[1:] if readme.is_file() else ("", "")
-    text = markdown(result, args.readme_command or command)
-    readme.write_text(text + "".join(added))
-    print(text, file=sys.stderr)
-    print(json.dumps(result, indent=2))
+    if args.summary:
+        write_summary(args)
+    elif args.side:
+        if not args.data:
+            parser.error("set --data or DISTILKIT_DATA to the folder holding glue/SST-2")
+        run_side(args)
+    else:
+        parser.error("give --side distilkit|textbrewer (one side at one seed) or --summary")
 
 
 if __name__ == "__main__":

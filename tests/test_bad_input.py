@@ -165,6 +165,14 @@ CASES: dict[str, tuple] = {
     "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),
     "student deeper than teacher": (lambda w: w.distill("student.init=teacher_layers", "student.layers=9"),
                                     ["9-layer student"]),
+    "teacher.model and teacher.models": (lambda w: w.distill(f"teacher.models=[{w.teacher}, {w.teacher}]"),
+                                         ["teacher.model", "teacher.models", "not both"]),
+    "several teachers for hidden states": (
+        lambda w: w.distill("teacher.model=null", f"teacher.models=[{w.teacher}, {w.teacher}]", "method.name=pkd"),
+        ["'pkd'", "several teachers", "one teacher.model"]),
+    "teachers with other vocabularies": (
+        lambda w: w.distill("teacher.model=null", f"teacher.models=[{w.teacher}, {_student_with_other_vocabulary(w)}]"),
+        ["another vocabulary than teacher", "one tokenizer"]),
     "pickled teacher weights": (lambda w: w.distill(f"teacher.model={_pickled_model(w)}"), ["pickled", "safetensors"]),
     "teacher for another task": (lambda w: w.distill("task.name=stsb"), ["labels", "fine-tune"]),
     # the output folder

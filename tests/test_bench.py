@@ -120,6 +120,22 @@ def test_report_from_fixture_records(tmp_path):
 
 
 
+def test_paired_gains_are_points_for_glue_fractions_and_squad_percentages(tmp_path):
+    from distilkit.evaluate.report import paired_table
+
+    def run(task, seed, f1):
+        return {"task": task, "seed": seed, "best": {"metric": "f1", "score": f1}, "best_dev": {"f1": f1}}
+
+    spec = {"columns": ["finetune", "kd"], "metrics": ["f1"], "caption": "c", "rows": {"kd": ["ft", "kd"]}}
+    glue = {"ft": run("mrpc", 42, 0.80), "ft-seed1": run("mrpc", 1, 0.82),
+            "kd": run("mrpc", 42, 0.815), "kd-seed1": run("mrpc", 1, 0.83)}
+    squad = {"ft": run("squad", 42, 60.0), "ft-seed1": run("squad", 1, 62.0),
+             "kd": run("squad", 42, 61.5), "kd-seed1": run("squad", 1, 63.0)}
+    # gains of 1.5 and 1.0 points either way: SQuAD's F1 is already in points, GLUE's is a fraction
+    for runs in (glue, squad):
+        assert "| +1.2 ± 0.4 | +1.5, +1.0 |" in "\n".join(paired_table(runs, spec, tmp_path))
+
+
 def test_report_says_which_runs_came_from_another_machine_or_dtype(tmp_path):
     same = [fixture_record("kd", "S3-384", 0.85, 0.845, 6.0), fixture_record("finetune", "S3-384", 0.81, 0.81, 5.0)]
     assert "Machine: Test CPU, 2 cores; torch 2.x, transformers 5.x. Training dtype: bf16 autocast." in \

@@ -36,7 +36,7 @@ def _assert_same_on_real_tokens(packed, padded, mask):
     torch.testing.assert_close(packed.logits, padded.logits, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("row_tokens", [4, 256])  # one sequence per row / the whole batch in one row
+@pytest.mark.parametrize("row_tokens", [None, 256])  # rows as long as the longest sequence / the whole batch in one
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_packed_features_equal_padded(family, row_tokens, family_models, monkeypatch):
     monkeypatch.setattr(features_module, "PACKED_ROW_TOKENS", row_tokens)
@@ -106,3 +106,67 @@ def test_layout_packs_first_fit_by_decreasing_length():
     values = torch.arange(20.0).view(4, 5) * mask
     assert torch.equal(layout.unpack(layout.pack(values)), values)
     assert PackedLayout.of(torch.tensor([[0, 1, 1]]), row_tokens=6) is None  # left padding is not packed
+
+
+# every method with a Transformer student, set so that each of its feature kinds is used in the step
+METHODS = {
+    "finetune": {"name": "finetune"},
+    "kd": {"name": "kd", "hard_weight": 0.5},
+    "pkd": {"name": "pkd"},  # [CLS] of intermediate layers
+    "tinybert": {"name": "tinybert", "schedule": "joint"},  # hidden states, attention scores, logits
+    "lrc": {"name": "lrc", "first_stage_fraction": 1.0},  # COS-NCE on hidden states + the gradient perturbation
+    "codir": {"name": "codir", "negatives": 4, "dim": 8},  # mean-pooled intermediate layers, memory bank
+    "text_smoothing": {"name": "text_smoothing", "top_k": 4},  # soft inputs (inputs_embeds)
+}
+
+
+def _mixed_length_sst2(root) -> str:
+    """SST-2 files of phrases and sentences of 1 to 12 words, as SST-2 mixes them."""
+    words = "the film was good and the plot very dull but the acting really bad".split()
+    sst = root / "glue" / "SST-2"
+    sst.mkdir(parents=True)
+    for name in ("train.tsv", "dev.tsv"):
+        rows = [f"{' '.join(words[i % 5: i % 5 + 1 + (7 * i) % 12])}\t{i % 2}" for i in range(16)]
+        (sst / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_takes_the_same_step_packed_or_padded(method, tmp_path, tiny_teacher, monkeypatch):
+    """One training step of each method, packed and padded from the same weights and batch: the same loss terms
+    and the same gradients (dropout off, so the two passes are comparable)."""
+    from distilkit.config import build_config
+    from distilkit.methods import Progress
+    from distilkit.run import build_run
+    from distilkit.train.distiller import TrainModule
+
+    glue_dir = _mixed_length_sst2(tmp_path / "data")
+    layouts = []
+    real_of = PackedLayout.of
+    monkeypatch.setattr(PackedLayout, "of", lambda *args: layouts.append(real_of(*args)) or layouts[-1])
+    steps = []
+    for packing in (False, True):
+        config = build_config({
+            "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 16,
+                                               "bucket_batches": 1},
+            "teacher": {"model": str(tiny_teacher), "cache": False},
+            "student": {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random"},
+            "method": METHODS[method], "train": {"batch_size": 8, "mixed_precision": "no", "packing": packing},
+            "output": {"dir": str(tmp_path / "run")}})
+        run = build_run(config)
+        module = TrainModule(run.student, run.method).eval()  # no dropout: both passes compute the same function
+        batch, _, _ = next(run.train_data.batches(8, 0, 0, None))
+        batch = run.method.prepare_batch(batch)
+        assert batch["attention_mask"].sum() < batch["attention_mask"].numel()  # the padded batch has padding
+        torch.manual_seed(5)  # methods that sample (CoDIR's negatives) sample alike
+        terms = module(batch, run.teacher_source(batch), Progress(0, 10))
+        sum(terms.values()).backward()
+        steps.append((terms, {name: p.grad for name, p in module.named_parameters() if p.grad is not None}))
+    assert layouts and all(layout is not None and layout.rows < 8 for layout in layouts)  # the student ran packed
+    (padded_terms, padded_grads), (packed_terms, packed_grads) = steps
+    assert set(packed_terms) == set(padded_terms) and padded_terms
+    for name in padded_terms:
+        torch.testing.assert_close(packed_terms[name], padded_terms[name], atol=1e-5, rtol=1e-4)
+    assert packed_grads.keys() == padded_grads.keys() and padded_grads
+    for name in padded_grads:
+        torch.testing.assert_close(packed_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4)

@@ -98,6 +98,20 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     assert launched == ["general", "task-kd", "task-finetune"]
 
 
+def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):
+    common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},
+              "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"}}
+    plan = {"name": "t", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"), "defaults": common,
+            "cells": [{"name": "teacher", "set": {"student": {"init": "pretrained", "pretrained": str(tiny_base_model)},
+                                                  "method": {"name": "finetune"}}},
+                      {"name": "kd", "set": {"teacher_from": "teacher", "method": {"name": "kd"},
+                                             "student": {"layers": 1}}}]}
+    records = Plans(load_plan(write(tmp_path, plan))).run()
+    assert records["kd"]["teacher_cell"] == "teacher"
+    assert records["kd"]["teacher_best_dev"] == records["teacher"]["best_dev"] and "accuracy" in records["kd"]["teacher_best_dev"]
+    assert "teacher_best_dev" not in records["teacher"]
+
+
 def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                                launched):
     script = tmp_path / "measure.py"

@@ -94,11 +94,13 @@ def test_teacher_cache_stores_span_logits_per_window(tmp_path, squad_files, tiny
 
 
 @pytest.mark.parametrize("method", [
+    {"name": "finetune"},
     {"name": "kd", "hard_weight": 0.5},
     {"name": "tinybert"},
     {"name": "pkd"},
     {"name": "lrc"},
     {"name": "codir", "negative_sampling": "batch", "negatives": 4},
+    {"name": "text_smoothing"},
     {"name": "text_smoothing", "kd_weight": 1.0},
 ])
 def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_teacher, tiny_base_model, method):
@@ -119,8 +121,8 @@ def test_codir_label_aware_negatives_need_classes(tmp_path, squad_files, tiny_qa
     with pytest.raises(ValueError, match=r"answer spans \(SQuAD\) .*negative_sampling=batch"):
         run_experiment(build_config({
             "task": qa_task(squad_files), "data": {"max_length": 24}, "teacher": {"model": str(tiny_qa_teacher)},
-            "student": {"layers": 2}, "method": {"name": "codir"}, "train": {"max_steps": 1, "mixed_precision": "no"},
-            "output": {"dir": str(tmp_path / "run")}}))
+            "student": {"layers": 2}, "method": {"name": "codir", "negative_sampling": "other_label"},
+            "train": {"max_steps": 1, "mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}}))
 
 
 def test_a_classification_teacher_is_refused_for_squad(tmp_path, squad_files, tiny_teacher):
@@ -169,6 +171,15 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     metrics = json.loads(result.stdout)
     assert metrics["teacher_forward_passes"] > 0 and set(metrics["final"]["dev"]) == {"exact_match", "f1"}
 
+    # its card says what it is: a QA model scored by EM/F1, not a GLUE classifier
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(student / "final" / "README.md", ignore_metadata_errors=False)
+    assert card.data.pipeline_tag == "question-answering" and not card.data.datasets
+    assert {r.task_type for r in card.data.eval_results} == {"question-answering"}
+    assert {r.metric_type for r in card.data.eval_results} == {"exact_match", "f1"}
+    assert "answer start and end scores" in card.text
+
     # the student is a plain Hugging Face QA model (transformers 5 has no question-answering pipeline)
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
@@ -188,6 +199,9 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     assert answer["answer"] and answer["answer"] in context and set(answer) == {"question", "answer", "no_answer_odds"}
+    result = cli("predict", str(student / "final"), f"what was good ? ||| {context}")  # PyTorch: the same answer
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["answer"] == answer["answer"]
     from distilkit.evaluate.profile import Deployment, format_record
     from distilkit.data.tasks import named_task
 

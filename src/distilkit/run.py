@@ -26,7 +26,7 @@ from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
-from distilkit.evaluate.against_teacher import measure_against_teacher
+from distilkit.evaluate.against_teacher import check_teacher, measure_against_teacher, teacher_scores
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
@@ -36,7 +36,7 @@ from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
-from distilkit.train.preflight import check_encodes, check_max_length
+from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
 
 
 def model_split(task: str, model: str | Path, split: str = "dev", max_length: int = 128,
@@ -56,7 +56,28 @@ def capped(examples: list[Example], cap: int | None, seed: int = 0) -> list[Exam
     return [examples[i] for i in keep]
 
 
-def load_eval_data(config, task, tokenizer, teacher_tokenizer=None) -> dict[str, TokenizedDataset]:
+def held_out(examples: list[Example], n: int | None) -> tuple[list[Example], list[Example]]:
+    """(training examples, the `n` seeded ones held out from them as a dev set), both in original order."""
+    if not n:
+        return examples, []
+    if n >= len(examples):
+        raise DataError(f"data.dev_from_train={n} holds out every one of the {len(examples)} training examples: "
+                        "hold out fewer")
+    out = set(np.random.default_rng(1).permutation(len(examples))[:n].tolist())
+    return [e for i, e in enumerate(examples) if i not in out], [e for i, e in enumerate(examples) if i in out]
+
+
+def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Example], list[Example]]:
+    """The training set (held-out dev examples removed, then capped) and the examples held out as dev."""
+    train, dev = held_out(read_split(task, "train", config.data), config.data.dev_from_train)
+    return capped(train, config.data.max_train_examples), dev
+
+
+def load_eval_data(config, task, tokenizer, held_out_dev: list[Example] = (),
+                   teacher_tokenizer=None) -> dict[str, TokenizedDataset]:
+    if held_out_dev:  # data.dev_from_train: the dev split comes from the training file
+        return {"dev": task_dataset(task, capped(list(held_out_dev), config.data.max_eval_examples), tokenizer,
+                                    config.data.max_length, teacher_tokenizer=teacher_tokenizer)}
     datasets = {}
     for split in config.eval.splits or task.dev_splits:
         try:
@@ -76,7 +97,7 @@ def load_eval_data(config, task, tokenizer, teacher_tokenizer=None) -> dict[str,
 def check_own_tokenizer(config: ExperimentConfig, task: TaskSpec, method_cls) -> None:
     """A student with a tokenizer of its own reads its token ids and the teacher reads its own: refuse what needs
     the two to share token positions, before anything is tokenised or loaded."""
-    student, teacher = config.student.pretrained, config.teacher.model
+    student, teacher = config.student.pretrained, config.teacher.first
     differs = f"the student {student} has its own tokenizer (another vocabulary than the teacher {teacher})"
     why = method_cls.token_aligned_terms(config.method)
     if why:
@@ -99,12 +120,21 @@ class BuiltRun:
     tokenizer: object
     train_data: TokenizedDataset | TextCorpus | MaskedBatches  # anything with num_examples and batches()
     eval_data: dict[str, TokenizedDataset]
-    teacher: Teacher | None
+    teachers: list[Teacher]  # one, several (teacher.models: their logits averaged), or none
     student: torch.nn.Module
     method: torch.nn.Module
     teacher_source: TeacherSource
-    teacher_cache: TeacherCache | None
+    teacher_caches: list[TeacherCache]  # one per teacher, when outputs are cached
     scratch: tempfile.TemporaryDirectory | None = None  # the method's store when teacher.cache is false
+
+    @property
+    def teacher(self) -> Teacher | None:
+        """The teacher whose tokenizer (and, for init=teacher_layers, layers) the run uses: the first one."""
+        return self.teachers[0] if self.teachers else None
+
+    @property
+    def teacher_cache(self) -> TeacherCache | None:
+        return self.teacher_caches[0] if self.teacher_caches else None
 
 
 def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
@@ -113,11 +143,13 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     torch.manual_seed(config.train.seed)
     task = task_spec(config.task)
     method_cls = get_method(config.method.name)
-    tokenizer_source = config.teacher.model or config.student.pretrained
+    tokenizer_source = config.teacher.first or config.student.pretrained
     trust = config.teacher.trust_remote_code
     tokenizer = load_tokenizer(tokenizer_source, trust)  # the student's: the teacher's unless it brings its own
     teacher_tokenizer = None  # the teacher's, when the student reads another tokenization
-    if config.teacher.model and config.student.init == "pretrained" and config.student.kind == "transformer":
+    for other in config.teacher.names[1:]:  # the teachers read the same token ids
+        check_teachers_share_vocabulary(tokenizer, load_tokenizer(other, trust), tokenizer_source, other)
+    if config.teacher.first and config.student.init == "pretrained" and config.student.kind == "transformer":
         try:
             student_tokenizer = load_tokenizer(config.student.pretrained, trust)
         except (OSError, ValueError, TypeError):  # a folder without tokenizer files: the embedding size is checked below
@@ -128,10 +160,10 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
-        train_examples = capped(read_split(task, "train", config.data), config.data.max_train_examples)
+        train_examples, held_out_dev = training_examples(config, task)
         if config.data.augment is not None:
             train_examples = augmented_examples(train_examples, config.data.augment,
-                                                config.data.augment.model or config.teacher.model,
+                                                config.data.augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir))
         elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
@@ -139,7 +171,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
                                   teacher_tokenizer)
-        eval_data = load_eval_data(config, task, tokenizer, teacher_tokenizer)
+        eval_data = load_eval_data(config, task, tokenizer, held_out_dev, teacher_tokenizer)
     longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
                   for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
     teacher_longest = longest if teacher_tokenizer is None else \
@@ -149,13 +181,14 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
             eval_data = {k: MaskedBatches(v, tokenizer, config.data.mlm_probability) for k, v in eval_data.items()}
 
-    teacher = None
-    if config.teacher.model:
-        teacher = Teacher(config.teacher.model, task, config.teacher.trust_remote_code, config.train.mixed_precision,
-                          device=accelerator.device if accelerator is not None else "cpu")
+    teachers = [Teacher(name, task, config.teacher.trust_remote_code, config.train.mixed_precision,
+                        device=accelerator.device if accelerator is not None else "cpu")
+                for name in config.teacher.names]
+    teacher = teachers[0] if teachers else None
     student = build_student(config.student, teacher.model if teacher else None, task)
     student_config = getattr(getattr(student, "model", None), "config", None)
-    check_max_length(config.data.max_length, teacher_longest, {"teacher": teacher.config if teacher else None})
+    check_max_length(config.data.max_length, teacher_longest, {f"teacher {t.name}" if len(teachers) > 1 else "teacher":
+                                                                t.config for t in teachers})
     check_max_length(config.data.max_length, longest, {"student": student_config})
     if student_config is not None and getattr(student_config, "vocab_size", None) is not None \
             and student_config.vocab_size < len(tokenizer):
@@ -176,15 +209,16 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                         "(an unlabeled corpus, or an augmented set labelled by the teacher): use a distillation "
                         "method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
-    cache = None
+    caches = []
     # a streamed corpus is seen about once, and masked batches change every step: their teacher outputs
     # are computed live
     fixed_inputs = isinstance(train_data, TokenizedDataset)
-    if teacher is not None and config.teacher.cache and fixed_inputs and not request.is_empty():
+    if teachers and config.teacher.cache and fixed_inputs and not request.is_empty():
         teacher_reads = train_data if train_data.teacher_view is None else train_data.teacher_view
-        cache = TeacherCache(cache_root(config.teacher.cache_dir), teacher, teacher_reads)
-    source = TeacherSource(teacher, request or method.teacher_request(), cache)
-    return BuiltRun(config, task, tokenizer, train_data, eval_data, teacher, student, method, source, cache, scratch)
+        caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, teacher_reads) for t in teachers]
+    source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
+    return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
+                    scratch)
 
 
 def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
@@ -199,13 +233,15 @@ def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[s
 def student_metadata(run: BuiltRun) -> dict:
     """What a saved student records of its making (`distilkit.json`); its model card reads it."""
     config = run.config
-    origin = {"pretrained": config.student.pretrained, "teacher_layers": config.teacher.model}.get(config.student.init)
+    origin = {"pretrained": config.student.pretrained, "teacher_layers": config.teacher.first}.get(config.student.init)
     doc = (inspect.getmodule(get_method(config.method.name)).__doc__ or "").strip()
     return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": config.data.max_length, "method": config.method.name,
             "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
-            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.model,
-            "teacher_base_model": model_origin(config.teacher.model), "base_model": model_origin(origin),
+            "dataset": hub_id(config.task.dataset), "teacher": config.teacher.first,
+            "teacher_base_model": model_origin(config.teacher.first), "base_model": model_origin(origin),
+            **({"teachers": config.teacher.names, "teacher_weights": config.teacher.mix}
+               if config.teacher.models else {}),
             **({"doc_stride": run.task.doc_stride} if run.task.answer_spans else {})}
 
 
@@ -235,14 +271,19 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     run = build_run(config, accelerator)  # everything is built and validated before anything is written
     out = folder.start(environment()) if isinstance(folder, OutputDir) else folder
     accelerator.wait_for_everyone()
-    teacher_passes = 0
     cache_seconds = 0.0
-    if run.teacher_cache is not None:
+    if run.teacher_caches:
         if accelerator.is_main_process:
             start = time.perf_counter()
-            teacher_passes = run.teacher_cache.ensure(run.teacher_source.request, config.eval.batch_size)
+            for cache in run.teacher_caches:  # each teacher's own entries
+                cache.ensure(run.teacher_source.request, config.eval.batch_size)
             cache_seconds = time.perf_counter() - start
         accelerator.wait_for_everyone()
+
+    # the teacher scored before training, so a weak one is said before any time is spent on it
+    scored = teacher_scores(run.teacher, run.eval_data, run.task, config.eval.batch_size) \
+        if accelerator.is_main_process and len(run.teachers) == 1 else {}
+    teacher_check = check_teacher(scored, run.eval_data, run.task)
 
     def save(student, directory):
         student.save(directory, run.tokenizer, student_metadata(run))
@@ -262,13 +303,12 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     final_eval = summary["evals"][-1] if summary["evals"] else {}
     metrics = {
         "task": run.task.name, "method": config.method.name, "student": config.student.preset or "custom",
-        "teacher": config.teacher.model,
+        "teacher": config.teacher.model if not config.teacher.models else config.teacher.names,
         "params": count_parameters(run.student),
         "train_examples_in_set": run.train_data.num_examples,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
-        "teacher_forward_passes": teacher_passes + (run.teacher.forward_passes - teacher_passes
-                                                    if run.teacher else 0),
+        "teacher_forward_passes": sum(t.forward_passes for t in run.teachers),  # cache fills and live passes
         "teacher_cache_seconds": round(cache_seconds, 2),
         "distill_wall_seconds": round(wall + cache_seconds, 2),
         **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},
@@ -277,8 +317,11 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     }
     best_eval = next((e for e in summary["evals"] if e["step"] == summary["best_step"]), {})
     metrics["best_scores"] = {k: v for k, v in best_eval.items() if k != "step"}  # every metric at best.step
-    metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
-                                           config.eval.batch_size))
+    if len(run.teachers) == 1:  # several teachers have no one dev score to set beside the student's
+        metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
+                                               config.eval.batch_size, scored))
+    if teacher_check:
+        metrics["teacher_check"] = teacher_check
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     share_students(out, config, metrics)
     return metrics

@@ -97,7 +97,7 @@ class TokenizedDataset(torch.utils.data.Dataset):
 
     def batches(self, batch_size: int, seed: int, epoch: int, position: int | None
                 ) -> Iterator[tuple[dict, int | None, bool]]:
-        """Shuffled, length-bucketed batches of one epoch from `position` (batches already served).
+        """Shuffled batches (length-bucketed when bucket_batches > 1) of one epoch from `position` (batches served).
 
         Yields (batch, position after it, last batch of the epoch): the interface every training
         data source shares (see `data.corpus.TextCorpus.batches`), so the loop resumes any of them.

@@ -6,12 +6,18 @@ own process, one model after the other, so the two throughputs compare.
 
 from __future__ import annotations
 
+import sys
 import time
 
+import numpy as np
 import torch
 
 from distilkit.evaluate.evaluator import batch_logits, evaluate_splits
+from distilkit.evaluate.metrics import compute_metrics
 from distilkit.models.student import TransformerStudent
+
+# a teacher less than this far above the best constant prediction (on the main dev metric) is called weak
+WEAK_TEACHER_MARGIN = 0.02
 
 
 @torch.inference_mode()
@@ -26,18 +32,71 @@ def dev_throughput(model, dataset, batch_size: int) -> float:
     return round(len(dataset) / min(seconds), 1)
 
 
-def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size: int) -> dict:
-    """The teacher's dev scores on the student's own eval data, and both models' dev throughput
-    measured one after the other here: the card's side-by-side. Empty without a teacher with a head."""
-    labeled = {split: data for split, data in eval_data.items() if getattr(data, "labels", None) is not None}
-    if teacher is None or not teacher.has_head or task.unlabeled or not labeled:
+def labeled_splits(teacher, eval_data: dict, task) -> dict:
+    """The eval splits a teacher with a head can be scored on (none without one)."""
+    if teacher is None or not teacher.has_head or task.unlabeled:
+        return {}
+    return {split: data for split, data in eval_data.items() if getattr(data, "labels", None) is not None}
+
+
+def teacher_scores(teacher, eval_data: dict, task, batch_size: int) -> dict:
+    """The teacher's scores on the run's own eval data ({} when it cannot be scored)."""
+    labeled = labeled_splits(teacher, eval_data, task)
+    teacher_reads = {split: data if data.teacher_view is None else data.teacher_view
+                     for split, data in labeled.items()}  # its own tokenization, when the student has another
+    return evaluate_splits(TransformerStudent(teacher.model), teacher_reads, task, batch_size) if labeled else {}
+
+
+def constant_baseline(task, labels: np.ndarray) -> tuple[str, dict[str, float]]:
+    """What predicting one thing for every example scores: the best single class on the main metric (the
+    majority class on accuracy; the positive class on F1), or for regression any constant, which correlates 0."""
+    if task.is_regression:
+        return "a constant score", {metric: 0.0 for metric in task.metrics}
+    best = None
+    for label in range(task.num_labels):
+        logits = np.zeros((len(labels), task.num_labels), dtype=np.float32)
+        logits[:, label] = 1.0
+        scores = compute_metrics(task, logits, labels)
+        if best is None or scores[task.main_metric] > best[1][task.main_metric]:
+            best = (f"{task.label_names[label]!r}", scores)
+    return best
+
+
+def check_teacher(scores: dict, eval_data: dict, task) -> dict:
+    """Whether the teacher has learned the task: its main dev score beside the best constant prediction's.
+    A weak teacher (less than WEAK_TEACHER_MARGIN above it) is said on stderr: distilling it cannot be expected to
+    beat training the student on labels (issue 24: a teacher barely above the majority class)."""
+    if not scores or task.answer_spans:
+        return {}
+    split = next(iter(scores))
+    metric = task.main_metric
+    what, constant = constant_baseline(task, np.asarray(eval_data[split].labels))
+    teacher = scores[split][metric]
+    weak = bool(teacher < constant[metric] + WEAK_TEACHER_MARGIN)
+    if weak:
+        print(f"warning: the teacher scores {metric} {teacher:.4f} on {split}, no more than "
+              f"{100 * WEAK_TEACHER_MARGIN:g} points above predicting {what} for every example "
+              f"({constant[metric]:.4f}): it has learned little of this task, so no distillation method can be "
+              "expected to beat training the student on labels; fine-tune a stronger teacher (more epochs, "
+              "another learning rate, more data) or train the student with method finetune", file=sys.stderr)
+    return {"split": split, "metric": metric, "teacher": teacher, "constant": constant[metric],
+            "constant_prediction": what, "weak": weak}
+
+
+def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size: int,
+                            scores: dict | None = None) -> dict:
+    """The teacher's dev scores on the student's own eval data (`scores` when already measured), and both
+    models' dev throughput measured one after the other here: the card's side-by-side. Empty without a
+    teacher with a head."""
+    labeled = labeled_splits(teacher, eval_data, task)
+    if not labeled:
         return {}
     teacher_model = TransformerStudent(teacher.model)
     # the same examples in the teacher's own tokenization, when the student reads another one
     teacher_reads = {split: data if data.teacher_view is None else data.teacher_view
                      for split, data in labeled.items()}
     split = next(iter(labeled))
-    return {"teacher_scores": evaluate_splits(teacher_model, teacher_reads, task, batch_size),
+    return {"teacher_scores": scores or evaluate_splits(teacher_model, teacher_reads, task, batch_size),
             "dev_throughput": {"student": dev_throughput(student, labeled[split], batch_size),
                                "teacher": dev_throughput(teacher_model, teacher_reads[split], batch_size),
                                "split": split, "batch_size": batch_size,

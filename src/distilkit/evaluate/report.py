@@ -234,12 +234,19 @@ def score(record: dict, metric: str) -> float:
     return best_dev(record)[metric]
 
 
-def spread(values: list[float], points: bool = False) -> str:
+def point_scale(record: dict) -> int:
+    """Points per unit of a record's scores: GLUE's are fractions (×100), SQuAD's EM and F1 already points."""
+    from distilkit.data.tasks import QA_TASKS
+
+    return 1 if record.get("task") in QA_TASKS else 100
+
+
+def spread(values: list[float], points: bool = False, unit: int = 100) -> str:
     """Mean ± sample standard deviation over seeds (the mean alone for one seed); `points`: differences
-    of scores, shown signed in points."""
+    of scores, shown signed in points (`unit` points per unit of the scores)."""
     import statistics
 
-    scale, mean_format, sd_format = (100, "+.1f", ".1f") if points else (1, ".4f", ".4f")
+    scale, mean_format, sd_format = (unit, "+.1f", ".1f") if points else (1, ".4f", ".4f")
     mean = format(scale * statistics.mean(values), mean_format)
     return mean if len(values) < 2 else f"{mean} ± {format(scale * statistics.stdev(values), sd_format)}"
 
@@ -317,18 +324,65 @@ def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
                                                for k in metrics) + " |",
              "|---|---|" + "---|---|---|---|" * len(metrics)]
     for label, found in pairs.items():
-        cells = []
+        cells, unit = [], point_scale(found[0][1])
         for k in metrics:
             first, second = [score(a, k) for _, a, _ in found], [score(b, k) for _, _, b in found]
             gains = [y - x for x, y in zip(first, second)]
-            cells.append(f"{spread(first)} | {spread(second)} | {spread(gains, points=True)} | "
-                         + ", ".join(f"{100 * gain:+.1f}" for gain in gains))
+            cells.append(f"{spread(first)} | {spread(second)} | {spread(gains, points=True, unit=unit)} | "
+                         + ", ".join(f"{unit * gain:+.1f}" for gain in gains))
         lines.append(f"| {label} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
     if missing:
         lines += ["", f"Not in every record, so left out: {', '.join(missing)} at the best checkpoint."]
     if spec.get("plot") and spec.get("plot_metric", metrics[0]) in metrics:
         plot_pairs(pairs, spec, out_dir / spec["plot"])
         lines += ["", f"![{spec.get('plot_title', 'comparison')}]({spec['plot']})"]
+    return lines
+
+
+def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
+    """Issue 24's table, one per student: per task, the teacher and the labels-only student, then each method's
+    gain over labels only paired by seed (mean ± sd in points, and the method's mean as % of the teacher).
+    ✗ marks a method below labels only by more than one sd. A teacher is flagged weak when it scores below its
+    labels-only student, or when its runs found it near the constant prediction (`teacher_check`)."""
+    import statistics
+
+    lines = []
+    for student in spec["students"]:
+        rows = []
+        for task, teacher_cell in spec["teachers"].items():
+            teacher = runs.get(teacher_cell)
+            cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
+            labels = seeded(runs, cell(spec["baseline"]))
+            if teacher is None or not labels:
+                continue
+            metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
+            top = score(teacher, metric)
+            baseline = [score(r, metric) for r in labels.values()]
+            flags = []
+            if top < statistics.mean(baseline):
+                flags.append("weak: below labels only")
+            weak = [r["teacher_check"] for r in runs.values()
+                    if r.get("task") == task and r.get("teacher_check", {}).get("weak")]
+            if weak:
+                flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
+            row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
+                   f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%)"]
+            for method in spec["methods"]:
+                found = paired(runs, cell(spec["baseline"]), cell(method))
+                if not found:
+                    row.append("–")
+                    continue
+                ours = [score(b, metric) for _, _, b in found]
+                gains = [y - score(a, metric) for (_, a, _), y in zip(found, ours)]
+                sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+                mark = " ✗" if statistics.mean(gains) + sd < 0 else ""
+                seeds = "" if len(found) >= 3 else f", {len(found)} seed{'s' * (len(found) > 1)}"
+                row.append(f"{spread(gains, points=True)} ({100 * statistics.mean(ours) / top:.1f}%{seeds}){mark}")
+            rows.append("| " + " | ".join(row) + " |")
+        if rows:
+            lines += ["", spec["caption"].format(student=student), "",
+                      "| task | metric | teacher | labels only (% of teacher) | "
+                      + " | ".join(spec["methods"]) + " |", "|---|---|---|---|" + "---|" * len(spec["methods"]), *rows]
     return lines
 
 
@@ -370,10 +424,10 @@ def ablation_table(runs: dict[str, dict], spec: dict) -> list[str]:
     for name, (full, what, found) in rows.items():
         f = [score(full_run, metric) for _, full_run, _ in found]
         a = [score(ablated, metric) for _, _, ablated in found]
-        changes = [x - y for x, y in zip(a, f)]
+        changes, unit = [x - y for x, y in zip(a, f)], point_scale(found[0][1])
         lines.append(f"| {name} | {what} | {', '.join(str(seed) for seed, _, _ in found)} | {full} {spread(f)} | "
-                     f"{spread(a)} | {spread(changes, points=True)} | "
-                     f"{', '.join(f'{100 * c:+.1f}' for c in changes)} | "
+                     f"{spread(a)} | {spread(changes, points=True, unit=unit)} | "
+                     f"{', '.join(f'{unit * c:+.1f}' for c in changes)} | "
                      f"{statistics.mean(r['train_seconds'] for _, r, _ in found):.0f} → "
                      f"{statistics.mean(r['train_seconds'] for _, _, r in found):.0f} |")
     return lines
@@ -481,6 +535,7 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
     `cells` (the plan's own cells, in plan order) order the rows; records of other cells (the teachers a
     plan used) are there for tables that name them."""
     out_dir = Path(plan.results)
+    out_dir.mkdir(parents=True, exist_ok=True)  # --report-only before any cell ran
     if plan.speed:
         speed_records = [records[name] for name in sorted(cells) if name in records and "speed" in records[name]]
         return render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}", command=command)
@@ -491,12 +546,15 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
              ""]
     for spec in plan.report.tables:
         kind = spec["kind"]
-        if kind == "runs":
-            lines += runs_table(runs)
+        if kind == "runs":  # every run, or the ones `cells` lists
+            listed = {name: runs[name] for name in spec.get("cells", runs) if name in runs}
+            lines += ([] if "caption" not in spec else ["", spec["caption"], ""]) + runs_table(listed)
         elif kind == "teacher_percent":
             lines += teacher_percent_table(everything, spec["teachers"])
         elif kind == "paired":
             lines += paired_table(runs, spec, out_dir)
+        elif kind == "protocol":
+            lines += protocol_table(everything, spec)
         elif kind == "ablation":
             lines += ablation_table(runs, spec)
         elif kind == "compare":

@@ -13,7 +13,9 @@ pre-training draws them from the same mini-batch (the global batch under multi-p
 and still reads their representations from the bank, so K is at most the global batch − 1 there (the
 paper's pre-training batches are large). `negative_sampling: bank` instead reads K rows of the bank at
 random (CRD's way, Tian et al. 2019), other than the positive's own row, so K is not capped by the
-batch: what the CoDIR-Pre preset uses on this CPU's batch of 32.
+batch: what the CoDIR-Pre preset uses on this CPU's batch of 32. By default, fine-tuning on classes takes the
+label-aware negatives and everything else (pre-training, a regression score such as STS-B's, answer spans) the
+in-batch ones; the label-aware default used to stop those runs with an error (issue 24).
 The bank has `bank_size` rows (default: one per training example). An example's row is its id modulo
 `bank_size`: a labelled training set's ids are 0..N−1, so each has its own row; a streamed corpus's ids
 are stable 63-bit hashes (data/corpus.py), so over a corpus larger than the bank several examples share
@@ -60,7 +62,8 @@ class CoDIR(Method):
         teacher_layers: list[int] | None = None  # concatenated into h̄ᵗ (1-based); default: all
         dim: int = Field(128, ge=1)  # m
         negatives: int = Field(1000, ge=1)  # K; the paper searches 100, 500, 1000
-        negative_sampling: Literal["other_label", "batch", "bank"] = "other_label"  # fine-tuning / pre-training (§3.3)
+        # fine-tuning / pre-training (§3.3); default: other_label when the training set has classes, else batch
+        negative_sampling: Literal["other_label", "batch", "bank"] | None = None
         bank_size: int | None = Field(None, ge=2)  # rows of M; default: the training set's size (required on a corpus)
         temperature: float = Field(0.07, gt=0)  # τ of eq. (4)
         momentum: float = Field(0.5, gt=0, lt=1)  # β of eq. (5)
@@ -89,14 +92,17 @@ class CoDIR(Method):
         if rows is None:
             raise ValueError("codir on a streamed corpus needs a memory-bank size: set method.bank_size "
                              "(e.g. 65536; examples map to rows by id modulo the size)")
-        if params.negative_sampling == "bank" and rows < 2:
+        classes = ctx.train_labels is not None and not ctx.task.is_regression and not ctx.task.answer_spans
+        fine_tuning_on_classes = params.objective == "finetune" and classes
+        self.negative_sampling = params.negative_sampling or ("other_label" if fine_tuning_on_classes else "batch")
+        if self.negative_sampling == "bank" and rows < 2:
             raise ValueError("negative_sampling=bank needs a bank of at least 2 rows")
         self.register_buffer("memory", torch.rand(rows, params.dim) * 2 * bound - bound)
         self.other_label_pools: list[torch.Tensor] = []
-        if params.negative_sampling == "other_label":
+        if self.negative_sampling == "other_label":
             self.other_label_pools = self._other_label_pools()
         self.positives: list[tuple[torch.Tensor, torch.Tensor]] = []  # this step's (ids, h₀ˢ), for eq. (5)
-        if params.objective == "pretrain" and params.negative_sampling == "other_label":
+        if params.objective == "pretrain" and self.negative_sampling == "other_label":
             raise ValueError("CoDIR-Pre has no labels to pick negatives by: set method.negative_sampling=batch "
                              "(the paper) or negative_sampling=bank")
 
@@ -138,12 +144,12 @@ class CoDIR(Method):
     def negative_rows(self, batch: dict) -> torch.Tensor:
         """(B, K) bank rows of each row's negatives (§3.3)."""
         k = self.params.negatives
-        if self.params.negative_sampling == "bank":
+        if self.negative_sampling == "bank":
             own = self.rows(batch["example_ids"]).cpu()
             n = self.memory.shape[0]
             draws = torch.randint(n - 1, (len(own), k))
             return draws + (draws >= own[:, None]).long()  # uniform over the other n − 1 rows
-        if self.params.negative_sampling == "other_label":
+        if self.negative_sampling == "other_label":
             draws = []
             for label in batch["labels"].tolist():
                 pool = self.other_label_pools[int(label)]

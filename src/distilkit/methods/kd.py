@@ -16,9 +16,13 @@ unlabeled corpus or a teacher-labelled augmented set): without it the student le
 mistakes. On the demo's budget (SST-2 8k, S3-384) soft labels alone lost to labels-only training with a
 1-epoch teacher (0.8135 vs 0.8234) and lost at one seed of three with a 2-epoch one; with the label term
 KD beat labels-only at every seed (benchmarks/results/demo-study, benchmarks/results/demo-kd).
+
+Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
+softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
+models/teacher.py: average_logits).
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -33,6 +37,7 @@ class KD(Method):
     name = "kd"
 
     class Params(MethodParams):
+        several_teachers: ClassVar[bool] = True  # soft labels alone: several teachers' averaged logits serve
         name: Literal["kd"] = "kd"
         temperature: float = Field(2.0, gt=0)
         soft_weight: float = Field(1.0, ge=0)

@@ -108,8 +108,8 @@ def set_attention_scores(model: nn.Module, wanted: bool) -> None:
 class PackedLayout:
     """Where each sequence of a right-padded batch sits when the batch is packed into rows.
 
-    Sequences go into rows of `row_tokens` tokens (or the longest sequence, if longer) first-fit by
-    decreasing length; a row's free tail forms one more block of the mask, so no query ever sees only
+    Sequences go into rows of `row_tokens` tokens (None or fewer: the batch's longest sequence) first-fit
+    by decreasing length; a row's free tail forms one more block of the mask, so no query ever sees only
     masked keys."""
 
     batch: int
@@ -124,14 +124,14 @@ class PackedLayout:
     position: torch.Tensor  # (rows, row_length) position of each slot within its sequence
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor, row_tokens: int) -> PackedLayout | None:
+    def of(cls, attention_mask: torch.Tensor, row_tokens: int | None = None) -> PackedLayout | None:
         """None when the batch is not right-padded (nothing else is packed)."""
         batch, length = attention_mask.shape
         lengths = attention_mask.sum(1)
         if not torch.equal(attention_mask.bool(), torch.arange(length, device=lengths.device) < lengths[:, None]):
             return None
         sizes = lengths.tolist()
-        capacity = max(row_tokens, max(sizes))
+        capacity = max(row_tokens or 0, max(sizes))
         fill: list[int] = []
         row_of, start_of = [0] * batch, [0] * batch
         for example in sorted(range(batch), key=lambda b: -sizes[b]):
@@ -197,9 +197,12 @@ def packs(model: nn.Module) -> bool:
 
 _LOGGED_UNPACKED: set[str] = set()
 
-# a packed row holds sequences up to this many tokens in all: attention costs row length², so rows of
-# a few hundred tokens keep it small next to the linear layers (benchmarks/results/packing)
-PACKED_ROW_TOKENS = 256
+# a packed row holds sequences up to this many tokens in all; None: as many as the batch's longest sequence.
+# In training, attention runs SDPA's math kernel (its fused CPU kernel takes no dropout), whose cost and
+# memory grow with rows × row length² (tokens × row length), so the shortest rows are the cheapest: longer
+# ones only save the little that first-fit leaves free. Not yet timed on a quiet CPU: `python
+# benchmarks/profile_step.py --arms packed256-random packed-random` compares rows of 256 tokens with these
+PACKED_ROW_TOKENS: int | None = None
 
 
 class _Stop(Exception):

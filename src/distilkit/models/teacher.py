@@ -120,6 +120,18 @@ class Teacher:
         return self._fingerprint
 
 
+def average_logits(logits: list[torch.Tensor], mix: list[float]) -> torch.Tensor:
+    """Several teachers' logits as one teacher's: Σ_k w_k · z_k, the shares w_k summing to 1.
+
+    Its softmax at any temperature T is the teachers' soft targets combined by a weighted geometric mean,
+    renormalised: softmax(Σ w_k z_k / T) ∝ Π_k softmax(z_k / T)^w_k. That is one of the two ensemble
+    targets Hinton et al. (2015, §1) name ("the arithmetic or geometric mean of their individual predictive
+    distributions"), the one that stays a set of logits, so every logit loss (soft labels at any T, logit MSE,
+    a regression teacher's prediction, span scores) reads it as it reads one teacher's.
+    """
+    return sum(weight * z for weight, z in zip(mix, logits, strict=True))
+
+
 def _to_float(features: Features) -> Features:
     """Teacher outputs in fp32 whatever the autocast dtype, so losses see one dtype."""
     features.hidden = {k: v.float() for k, v in features.hidden.items()}

@@ -38,6 +38,7 @@ from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, teacher_inputs
 from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
+from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
 
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
@@ -307,15 +308,24 @@ class TeacherCache:
 
 
 class TeacherSource:
-    """Where the loop gets teacher features: the cache when allowed, else a live forward pass."""
+    """Where the loop gets teacher features: each teacher's cache when allowed, else a live forward pass.
 
-    def __init__(self, teacher, request: FeatureRequest, cache: TeacherCache | None):
-        self.teacher, self.request, self.cache = teacher, request, cache
+    Several teachers (teacher.models) give one set of features, their logits averaged with shares `mix`
+    (`average_logits`); only methods that read nothing but logits take several (config.py checks).
+    """
+
+    def __init__(self, teachers: list, request: FeatureRequest, caches: list[TeacherCache], mix: list[float]):
+        self.teachers, self.request, self.caches, self.mix = teachers, request, caches, mix
 
     def __call__(self, batch: dict) -> Features | None:
-        if self.teacher is None or self.request.is_empty():
+        if not self.teachers or self.request.is_empty():
             return None
         batch = teacher_inputs(batch)  # the teacher's own tokenization, when the student has another
-        if self.cache is not None:
-            return self.cache.lookup(batch, self.request)
-        return self.teacher.features(batch, self.request)
+        if self.caches:
+            each = [cache.lookup(batch, self.request) for cache in self.caches]
+        else:
+            each = [teacher.features(batch, self.request) for teacher in self.teachers]
+        if len(each) == 1:
+            return each[0]
+        return Features(attention_mask=each[0].attention_mask,
+                        logits=average_logits([f.logits for f in each], self.mix))

@@ -1,6 +1,6 @@
 """The training loop, on 🤗 Accelerate. It knows the `Method` interface and nothing of any method.
 
-One step: take a global batch (length-bucketed, dynamically padded), keep this process's share, let
+One step: take a global batch (dynamically padded; the student may run it packed), keep this process's share, let
 the method transform it, move it to the device, fetch the teacher's features (cache or live), let
 the method compute its loss terms, step, then let the method update its own state. Around it:
 gradient accumulation, warm-up + linear decay, mixed precision, evaluation keeping the best student,
@@ -57,6 +57,7 @@ class TrainState:
     train_seconds: float = 0.0  # training only: evaluation and checkpoints excluded
     examples: int = 0
     evals: list[dict] = field(default_factory=list)
+    tracker_runs: dict[str, str] = field(default_factory=dict)  # tracker -> run id: a resumed run continues them
 
     @classmethod
     def from_checkpoint(cls, saved: dict) -> TrainState:
@@ -113,6 +114,14 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_optimizer(module: nn.Module, train_cfg) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel over all parameters) where torch has a fused kernel: the per-tensor loop reads
+    and writes every parameter several times a step, e.g. an S4-312's 9.5M-entry embedding table
+    (benchmarks/profile_step.py compares the two)."""
+    fused = next(module.parameters()).device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(_param_groups(module, train_cfg.weight_decay), lr=train_cfg.learning_rate, fused=fused)
+
+
 def make_accelerator(mixed_precision: str) -> Accelerator:
     """The run's Accelerator: on the GPU (or other accelerator) when the machine has one, else on the CPU, where
     several processes talk through gloo. Accelerate needs `cpu=True` to see a CPU-only `torchrun` launch as
@@ -143,13 +152,14 @@ class TrainLog:
     """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, the trackers of
     train.report_to (train/tracking.py) and the progress bar; written by the main process only."""
 
-    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config):
+    def __init__(self, out_dir: Path, start_step: int, total: int, log_every: int, accelerator, config,
+                 tracker_runs: dict[str, str]):
         self.total, self.log_every = total, log_every
         main = accelerator.is_main_process
         self.accelerator = accelerator
         self.file = open(out_dir / "log.jsonl", "a") if main else None
-        if main:
-            start_tracking(accelerator, config, out_dir, start_step)
+        # the trackers' run ids, kept with every checkpoint: the runs a resumed training continues
+        self.tracker_runs = start_tracking(accelerator, config, out_dir, start_step, tracker_runs) if main else {}
         self.bar = tqdm(total=total, initial=start_step, desc="train", disable=not main, dynamic_ncols=True,
                         mininterval=0.5 if sys.stderr.isatty() else 30)
         self.running: dict[str, float] = {}
@@ -212,12 +222,13 @@ class Distiller:
         cfg, acc = self.cfg.train, self.accelerator
         torch.manual_seed(cfg.seed)
         module = TrainModule(self.student, self.method)
-        optimizer = torch.optim.AdamW(_param_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
+        optimizer = make_optimizer(module, cfg)
         n_total = total_steps(self.train_data.num_examples, cfg)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
         state = self._resume(module, optimizer, scheduler)
         wrapped, optimizer = acc.prepare(module, optimizer)
-        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg)
+        log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg, state.tracker_runs)
+        state.tracker_runs = log.tracker_runs
         clock = Stopwatch(state.train_seconds)
         module.train()
         try:

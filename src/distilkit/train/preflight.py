@@ -48,3 +48,11 @@ def check_encodes(tokenizer, texts: list[tuple[str, ...]], source: str) -> None:
     if not words or unknown > len(words) / 2:
         raise ValueError(f"the tokenizer of {source} reads {unknown} of {len(words)} tokens of the training text as "
                          f"unknown ({tokenizer.unk_token}): its vocabulary does not cover this text; {fix}")
+
+
+def check_teachers_share_vocabulary(first_tokenizer, other_tokenizer, first: str, other: str) -> None:
+    """Several teachers (teacher.models) read the one tokenisation of the data, as the student does."""
+    if first_tokenizer.get_vocab() != other_tokenizer.get_vocab():
+        raise ValueError(f"teacher {other} has another vocabulary than teacher {first}: several teachers must share "
+                         "one tokenizer (the student reads one set of token ids); use teachers fine-tuned from the "
+                         "same base model")

@@ -5,7 +5,11 @@ named in `report_to` receives them, and the resolved config as the run's paramet
 - tensorboard: `<output.dir>/tensorboard` (a resumed run drops the steps it repeats);
 - mlflow: `$MLFLOW_TRACKING_URI`, else a file store in `<output.dir>/mlruns` (experiment "distilkit",
   run named after the output folder); needs `pip install 'distilkit[mlflow]'`;
-- wandb: project "distilkit", run named after the output folder; needs `pip install wandb` and a login.
+- wandb: project "distilkit", run named after the output folder, files under `<output.dir>/wandb`;
+  needs `pip install 'distilkit[wandb]'` and a login (or WANDB_MODE=offline).
+The MLflow and W&B run ids are kept with every checkpoint, so a resumed training logs on into the same
+runs. Steps a killed run logged after its last checkpoint are logged again when it replays them (both
+keep metric history append-only; a deterministic replay logs the same values).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ PACKAGES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
 _RUN_FOLDER_URIS: set[str] = set()  # the MLflow stores this process chose (in run folders)
 
 
-def make_trackers(report_to: list[str], out_dir: Path, resume_step: int) -> list:
-    """Accelerate tracker objects for the names in `report_to`, each writing where the docstring says."""
+def make_trackers(report_to: list[str], out_dir: Path, resume_step: int, runs: dict[str, str]) -> list:
+    """Accelerate tracker objects for the names in `report_to`, each writing where the docstring says;
+    `runs`: the run ids of a resumed training (tracker name -> id) to continue."""
     from accelerate.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
 
     missing = [name for name in report_to if importlib.util.find_spec(PACKAGES[name]) is None]
@@ -41,9 +46,10 @@ def make_trackers(report_to: list[str], out_dir: Path, resume_step: int) -> list
                 uri = (out_dir / "mlruns").resolve().as_uri()
                 _RUN_FOLDER_URIS.add(uri)  # set_tracking_uri also exports it as $MLFLOW_TRACKING_URI
                 mlflow.set_tracking_uri(uri)
-            trackers.append(MLflowTracker(experiment_name=PROJECT, run_name=out_dir.name))
+            trackers.append(MLflowTracker(experiment_name=PROJECT, run_name=out_dir.name, run_id=runs.get("mlflow")))
         elif name == "wandb":
-            trackers.append(WandBTracker(PROJECT, name=out_dir.name, dir=str(out_dir)))
+            resume = {"id": runs["wandb"], "resume": "allow"} if "wandb" in runs else {}
+            trackers.append(WandBTracker(PROJECT, name=out_dir.name, dir=str(out_dir), **resume))
     return trackers
 
 
@@ -62,10 +68,18 @@ def flat_params(config) -> dict[str, str | int | float | bool]:
     return flat
 
 
-def start_tracking(accelerator, config, out_dir: Path, resume_step: int) -> None:
-    """Hands the trackers to the Accelerator and starts them (on the main process only)."""
-    accelerator.log_with = make_trackers(config.train.report_to, out_dir, resume_step)
+def start_tracking(accelerator, config, out_dir: Path, resume_step: int, runs: dict[str, str]) -> dict[str, str]:
+    """Hands the trackers to the Accelerator and starts them (on the main process only), continuing the
+    runs of a resumed training; returns their run ids, to keep with the checkpoints."""
+    accelerator.log_with = make_trackers(config.train.report_to, out_dir, resume_step, runs)
     accelerator.init_trackers(PROJECT, config=flat_params(config))
+    ids = {}
+    for tracker in accelerator.trackers:
+        if tracker.name == "mlflow":
+            ids["mlflow"] = tracker.active_run.info.run_id
+        elif tracker.name == "wandb":
+            ids["wandb"] = tracker.run.id
+    return ids
 
 
 def train_values(record: dict) -> dict[str, float]:

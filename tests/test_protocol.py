@@ -1,0 +1,125 @@
+"""Issue 24's protocol: the weak-teacher check, a dev set held out from a train-only task, the paired
+protocol table, and the protocol plans themselves."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from distilkit.config import build_config, method_params
+from distilkit.data.tasks import named_task
+from distilkit.evaluate.against_teacher import check_teacher, constant_baseline
+from distilkit.evaluate.report import protocol_table
+from distilkit.plans import Plans, load_plan
+from distilkit.run import build_run, capped, held_out
+
+
+def test_constant_baseline_is_the_best_single_prediction():
+    assert constant_baseline(named_task("sst2"), np.array([0, 0, 0, 1])) == ("'negative'", {"accuracy": 0.75})
+    what, scores = constant_baseline(named_task("mrpc"), np.array([1, 1, 0, 0]))
+    assert what == "'equivalent'" and scores["f1"] == pytest.approx(2 / 3) and scores["accuracy"] == 0.5
+    assert constant_baseline(named_task("stsb"), np.array([0.5, 4.0])) == (
+        "a constant score", {"pearson": 0.0, "spearman": 0.0})
+
+
+def test_a_teacher_near_the_constant_prediction_is_said(capsys):
+    dev = {"dev": SimpleNamespace(labels=np.array([0] * 51 + [1] * 49))}  # the majority class scores 0.51
+    weak = check_teacher({"dev": {"accuracy": 0.52}}, dev, named_task("sst2"))
+    assert weak == {"split": "dev", "metric": "accuracy", "teacher": 0.52, "constant": 0.51,
+                    "constant_prediction": "'negative'", "weak": True}
+    said = capsys.readouterr().err
+    assert "warning: the teacher scores accuracy 0.5200 on dev" in said and "'negative' for every example (0.5100)" in said
+    assert not check_teacher({"dev": {"accuracy": 0.86}}, dev, named_task("sst2"))["weak"]
+    assert capsys.readouterr().err == ""
+    assert check_teacher({"dev": {"pearson": 0.01, "spearman": 0.0}},
+                         {"dev": SimpleNamespace(labels=np.array([1.0, 2.0]))}, named_task("stsb"))["weak"]
+    assert check_teacher({}, dev, named_task("sst2")) == {}  # no teacher with a head: nothing to say
+
+
+def test_distill_warns_of_an_untrained_teacher_and_records_it(tmp_path, glue_dir, tiny_teacher):
+    config = tmp_path / "kd.yaml"
+    config.write_text(json.dumps({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32},
+        "teacher": {"model": str(tiny_teacher)}, "student": {"layers": 2, "init": "teacher_layers"},
+        "method": {"name": "kd"}, "train": {"max_steps": 2, "batch_size": 16, "mixed_precision": "no"},
+        "output": {"dir": str(tmp_path / "run")}}))
+    done = subprocess.run([sys.executable, "-m", "distilkit", "distill", str(config)], capture_output=True, text=True,
+                          env={**os.environ}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    check = metrics["teacher_check"]
+    assert check["weak"] and check["constant"] == 0.5  # the tiny dev set is half positive
+    assert check["teacher"] == metrics["teacher_scores"]["dev"]["accuracy"] < 0.52
+    assert f"warning: the teacher scores accuracy {check['teacher']:.4f} on dev" in done.stderr
+
+
+def test_a_dev_set_held_out_from_training_is_disjoint_and_the_same_every_time():
+    train, dev = held_out(list(range(100)), 10)
+    assert len(dev) == 10 and sorted(train + dev) == list(range(100)) and train == sorted(train)
+    assert held_out(list(range(100)), 10) == (train, dev)
+    assert not set(capped(train, 50)) & set(dev)  # a training cap never reaches into the held-out examples
+    assert held_out(list(range(5)), None) == (list(range(5)), [])
+
+
+def test_a_task_without_a_dev_file_is_scored_on_examples_held_out_of_train(tmp_path, glue_dir, tiny_teacher):
+    qqp = glue_dir / "glue" / "QQP"
+    qqp.mkdir()
+    sst = (glue_dir / "glue" / "SST-2" / "train.tsv").read_text().splitlines()[1:61]
+    rows = [f"{i}\t{line.split(chr(9))[0]}\t{sst[-i - 1].split(chr(9))[0]}\t{i % 2}" for i, line in enumerate(sst)]
+    (qqp / "train_subset.tsv").write_text("\n".join(["index\tquestion1\tquestion2\tis_duplicate", *rows]) + "\n")
+    config = {"task": {"name": "qqp"}, "data": {"dir": str(glue_dir), "max_length": 32, "dev_from_train": 12,
+                                                "max_train_examples": 40},
+              "student": {"layers": 2}, "teacher": {"model": str(tiny_teacher)}, "method": {"name": "finetune"},
+              "output": {"dir": str(tmp_path / "run")}}
+    run = build_run(build_config(config))
+    assert run.train_data.num_examples == 40 and list(run.eval_data) == ["dev"] and len(run.eval_data["dev"]) == 12
+    with pytest.raises(Exception, match="holds out every one of the 60 training examples"):
+        build_run(build_config({**config, "data": {**config["data"], "dev_from_train": 60}}))
+
+
+def _record(task, seed, score, **extra):
+    return {"task": task, "seed": seed, "best": {"metric": "accuracy", "score": score},
+            "best_dev": {"accuracy": score}, **extra}
+
+
+def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_teacher():
+    runs = {"teacher-sst2": _record("sst2", 42, 0.90), "teacher-wnli": _record("wnli", 42, 0.50)}
+    for seed, suffix in ((42, ""), (1, "-seed1"), (2, "-seed2")):
+        runs[f"sst2-finetune-S{suffix}"] = _record("sst2", seed, 0.80)
+        runs[f"sst2-kd-S{suffix}"] = _record("sst2", seed, 0.80 + {42: 0.01, 1: 0.02, 2: 0.03}[seed])
+        runs[f"sst2-lrc-S{suffix}"] = _record("sst2", seed, 0.70)
+        runs[f"wnli-finetune-S{suffix}"] = _record(
+            "wnli", seed, 0.56, teacher_check={"weak": True, "constant": 0.5634})
+    spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2", "wnli": "teacher-wnli"},
+            "cell": "{task}-{method}-{student}", "baseline": "finetune", "methods": ["kd", "lrc", "pkd"],
+            "students": ["S"]}
+    lines = protocol_table(runs, spec)
+    assert lines[1] == "S:"
+    assert lines[5] == ("| sst2 | accuracy | 0.9000 | 0.8000 ± 0.0000 (88.9%) | +2.0 ± 1.0 (91.1%) "
+                        "| -10.0 ± 0.0 (77.8%) ✗ | – |")
+    assert lines[6].startswith("| wnli | accuracy | 0.5000 **weak: below labels only** **weak: near the constant "
+                               "0.5634** | 0.5600 ± 0.0000 (112.0%) | – |")
+
+
+def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[1])  # benchmark plans are found from the repository root
+    for name, tasks in (("protocol-dev", {"sst2", "mrpc", "stsb"}), ("protocol-confirm", {"qnli", "mnli", "qqp", "wnli"})):
+        cells = Plans(load_plan(name)).cells()
+        students = {n: c for n, c in cells.items() if not n.startswith("teacher-")}
+        assert {c.config.task.name for c in students.values()} == tasks
+        for student in ("S3-384", "S4-312"):
+            for task in tasks:
+                methods = {c.config.method.name for c in students.values()
+                           if c.config.task.name == task and c.config.student.preset == student}
+                assert methods == {"finetune", "kd", "tinybert", "pkd", "lrc", "codir", "text_smoothing"}
+        for cell in students.values():  # each method exactly as it ships
+            assert cell.config.method.model_dump() == method_params({"name": cell.config.method.name}).model_dump()
+        first = list(students.values())[:6 * len(tasks)]  # the informative cells run first: S3-384 labels only and kd
+        runs = {(c.config.task.name, c.config.student.preset, c.config.method.name, c.config.train.seed) for c in first}
+        assert runs == {(task, "S3-384", method, seed) for task in tasks for method in ("finetune", "kd")
+                        for seed in (42, 1, 2)}
