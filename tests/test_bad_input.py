@@ -77,6 +77,19 @@ class Evil:
         return (print, ("pickled code ran",))
 
 
+def _teacher_with_head_of_another_vocabulary(w: Where) -> Path:
+    """The tiny base encoder with a fitted MLM head saved for a vocabulary 3 words larger."""
+    import shutil
+
+    from distilkit.models.mlm import FittedMLMHead
+
+    directory = w.tmp / "teacher-other-head"
+    shutil.copytree(w.base, directory)
+    vocab_size = len(BertTokenizerFast.from_pretrained(w.base).get_vocab())
+    FittedMLMHead(torch.zeros(vocab_size + 3, 32), 32).save(directory, {})
+    return directory
+
+
 def _finished_run(w: Where) -> Path:
     out = w.tmp / "finished"
     out.mkdir()
@@ -91,6 +104,17 @@ def _locked(w: Where) -> Path:
     w.lock = FileLock(out / ".distilkit.lock", timeout=0)
     w.lock.acquire()
     return out
+
+
+def _on_corpus(w: Where, text: bytes) -> list[str]:
+    """General distillation (TinyBERT's intermediate layers) from the base encoder on one corpus file."""
+    return w.distill("task.name=unlabeled", f"data.corpus.files=[{w.file('corpus.txt', text)}]",
+                     f"teacher.model={w.base}", "method.name=tinybert", "method.intermediate_fraction=1.0")
+
+
+def _refbert(w: Where, references: bytes, *sets: str) -> list[str]:
+    return w.distill("method.name=refbert", "student.kind=refbert",
+                     f"method.reference_corpus={w.file('refs.txt', references)}", *sets)
 
 
 LONG = " ".join(["good film"] * 40)  # 80 words: longer than the tiny models' 64 positions
@@ -175,6 +199,20 @@ CASES: dict[str, tuple] = {
         ["another vocabulary than teacher", "one tokenizer"]),
     "pickled teacher weights": (lambda w: w.distill(f"teacher.model={_pickled_model(w)}"), ["pickled", "safetensors"]),
     "teacher for another task": (lambda w: w.distill("task.name=stsb"), ["labels", "fine-tune"]),
+    # the papers' pipelines: corpora, MLM heads, reference corpora (issue 18)
+    "corpus file empty": (lambda w: _on_corpus(w, b""), ["corpus.txt", "every corpus file is empty"]),
+    "corpus file not text": (lambda w: _on_corpus(w, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"), ["corpus.txt", "is not text"]),
+    "MLM head of another vocabulary": (
+        lambda w: w.distill(f"teacher.model={_teacher_with_head_of_another_vocabulary(w)}", "method.name=text_smoothing"),
+        ["predicts 46 words", "vocabulary has 43", "fit the head again"]),
+    "smoothing teacher with another vocabulary": (
+        lambda w: w.distill("method.name=text_smoothing",
+                            f"method.smoothing_teacher={_student_with_other_vocabulary(w)}"),
+        ["smoothing teacher", "another vocabulary", "method.smoothing_teacher"]),
+    "reference corpus empty": (lambda w: _refbert(w, b""), ["refs.txt", "holds no text", "one passage per line"]),
+    "reference with no BM25 match": (
+        lambda w: _refbert(w, b"charming music\nsuperb cast\n", "method.missing_reference=error"),
+        ["no BM25 match", "missing_reference=blank"]),
     # the output folder
     "output.dir not a run": (lambda w: w.distill(f"output.dir={w.glue}"), ["not a distilkit run", "output.dir"]),
     "output.dir holds a finished run": (lambda w: w.distill(f"output.dir={_finished_run(w)}"),

@@ -144,13 +144,20 @@ def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
     result = CliRunner().invoke(app, ["fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
                                       "--steps", "30", "--batch-size", "8", "--max-length", "32",
                                       "--learning-rate", "0.01", "--heldout-fraction", "0.2",
-                                      "--heldout-examples", "32", "--report", str(report)])
+                                      "--heldout-examples", "32", "--eval-every", "10", "--mixed-precision", "no",
+                                      "--report", str(report)])
     assert result.exit_code == 0, result.output
     info = json.loads(report.read_text())
+    curve = info["heldout"]["curve"]
+    assert [c["step"] for c in curve] == [0, 10, 20, 30]
+    assert curve[-1]["loss"] < curve[0]["loss"] and curve[-1]["top1"] == info["heldout"]["scores"]["fitted head"]["top1"]
+    assert info["fit_cpu_seconds"] > 0 and info["mixed_precision"] == "no"
     scores = info["heldout"]["scores"]
     assert set(scores) == {"tied projection", "fitted head"}
     assert scores["fitted head"]["top1"] > scores["tied projection"]["top1"]  # 30 steps on a 20-word corpus
     assert set(scores["tied projection"]["by_temperature"]) == {"1", "0.2"}
+    at_t1 = scores["fitted head"]["by_temperature"]["1"]
+    assert 0 < at_t1["p_top1"] <= at_t1["top32_mass"] <= 1
     assert (out / HEAD_FILE).is_file() and Teacher(str(out)).mlm.source == "fitted head"
     again = CliRunner().invoke(app, ["fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
                                      "--steps", "1"])

@@ -395,6 +395,11 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
                  heldout_fraction: Annotated[float, typer.Option(help="share of documents held out for the "
                                                                       "accuracy figures")] = 0.01,
                  heldout_examples: int = 256,
+                 eval_every: Annotated[int, typer.Option(help="log and keep the held-out accuracy every N steps "
+                                                              "(0: only at the end)")] = 0,
+                 mixed_precision: Annotated[str, typer.Option(help="the encoder's precision: auto (as a run's "
+                                                                   "teacher: bf16 where the CPU or GPU has it), "
+                                                                   "no, bf16")] = "auto",
                  threads: Annotated[int, typer.Option(help="CPU threads for torch (0: torch's default)")] = 0,
                  report: Annotated[Path | None, typer.Option(help="also write the settings and held-out "
                                                                   "accuracies to this JSON")] = None) -> None:
@@ -408,18 +413,22 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
     try:
         if threads:
             torch.set_num_threads(threads)
-        if steps < 1 or batch_size < 1 or max_length < 8 or not 0 < heldout_fraction < 1 or heldout_examples < 1:
+        if steps < 1 or batch_size < 1 or max_length < 8 or not 0 < heldout_fraction < 1 or heldout_examples < 1 \
+                or eval_every < 0:
             raise ValueError("need --steps >= 1, --batch-size >= 1, --max-length >= 8, "
-                             "0 < --heldout-fraction < 1 and --heldout-examples >= 1")
+                             "0 < --heldout-fraction < 1, --heldout-examples >= 1 and --eval-every >= 0")
+        from distilkit.config import TrainConfig
+
+        precision = TrainConfig(mixed_precision=mixed_precision).mixed_precision  # auto resolved as for a run
         data_dir = os.environ.get(DATA_ENV)
         files = resolve_corpus_files(corpus, Path(data_dir) if data_dir else None)
         info = fit(teacher, files, out, steps, batch_size, max_length, learning_rate, seed, heldout_examples,
-                   heldout_fraction, log=lambda line: console.print(line))
+                   heldout_fraction, eval_every or None, precision, log=lambda line: console.print(line))
     except _user_errors() as err:
         _fail(err)
     if report is not None:
         write_report(info, report)
-    print(json.dumps(info["heldout"]["scores"], indent=2))
+    print(json.dumps(info, indent=2))  # a plan step keeps it as its record
 
 
 def _quiet_libraries() -> None:

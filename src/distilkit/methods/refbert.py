@@ -74,7 +74,8 @@ def reference_texts(corpus: str, limit: int | None) -> list[Example]:
                 if limit and len(examples) >= limit:
                     return examples
     if not examples:
-        raise ValueError(f"reference_corpus {corpus!r} holds no text (every line is empty)")
+        raise ValueError(f"reference_corpus {corpus!r} holds no text (every line is empty): point "
+                         "method.reference_corpus at text with one passage per line, or use reference_corpus=train")
     return examples
 
 

@@ -34,6 +34,7 @@ from distilkit.models.features import FeatureRequest
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache
+from distilkit.train.preflight import check_same_vocabulary
 
 
 def soft_word_embeddings(ids: torch.Tensor, weights: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -77,6 +78,10 @@ class TextSmoothing(Method):
         teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
         if params.smoothing_teacher:
             teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
+            # its top-k word ids replace the run's token ids: one size is not enough, the same words are needed
+            check_same_vocabulary(load_tokenizer(ctx.teacher.path), load_tokenizer(teacher.path), ctx.teacher.name,
+                                  params.smoothing_teacher, role="smoothing teacher",
+                                  fix="set method.smoothing_teacher to a model with the teacher's tokenizer")
         if not hasattr(student, "word_embeddings"):
             raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
                              f"{student.kind!r} student has none: use student.kind=transformer")

@@ -26,15 +26,18 @@ import torch
 from distilkit.data.corpus import TextCorpus
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DataError
+from distilkit.machine import environment
 from distilkit.models.mlm import FittedMLMHead, MLMDistribution, word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
+from distilkit.precision import autocast, module_device
 
 
-def _last_hidden(encoder, batch: dict) -> torch.Tensor:
+def _last_hidden(encoder, batch: dict, mixed_precision: str = "no") -> torch.Tensor:
+    """The frozen encoder's last layer in fp32, run in the precision the teacher runs in when methods use it."""
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-    with torch.inference_mode():
-        return encoder(**inputs).last_hidden_state
+    with torch.inference_mode(), autocast(module_device(encoder), mixed_precision):
+        return encoder(**inputs).last_hidden_state.float()
 
 
 def new_head(encoder) -> FittedMLMHead:
@@ -47,31 +50,43 @@ def new_head(encoder) -> FittedMLMHead:
     return head
 
 
-def masked_token_scores(encoder, source: MLMDistribution, heldout: MaskedBatches, temperatures=(1.0,),
-                        batch_size: int = 32) -> dict:
-    """Top-1/top-5 accuracy at the held-out masked positions (all chosen targets: [MASK]ed, random, kept),
-    and per temperature the mean probability of the right word, of the top word, and the entropy (nats).
-    Temperature does not change the ranking, so accuracy is reported once."""
-    hits1 = hits5 = total = 0
-    per_t = {t: {"p_true": 0.0, "p_top1": 0.0, "entropy": 0.0} for t in temperatures}
+def masked_targets(encoder, heldout: MaskedBatches, mixed_precision: str = "no",
+                   batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's last hidden state at every held-out masked target ([MASK]ed, random and kept) and the
+    right word there. The encoder is frozen and the masking seeded, so this is computed once per fit."""
+    hidden, labels = [], []
     for batch, _, _ in heldout.batches(batch_size, seed=0, epoch=0, position=None):
         chosen = batch["mlm_labels"] != -100
-        if not chosen.any():
-            continue
+        if chosen.any():
+            hidden.append(_last_hidden(encoder, batch, mixed_precision)[chosen])
+            labels.append(batch["mlm_labels"][chosen])
+    if not labels:
+        raise DataError("the held-out text has no maskable token: give more text")
+    return torch.cat(hidden), torch.cat(labels)
+
+
+def masked_token_scores(source: MLMDistribution, hidden: torch.Tensor, labels: torch.Tensor, temperatures=(1.0,),
+                        top_k: int = 32, chunk: int = 512) -> dict:
+    """Top-1/top-5 accuracy at the held-out masked targets and, per temperature, the mean probability of the
+    right word and of the top word, the entropy (nats) and the mass of the `top_k` words (what Text
+    Smoothing keeps). Temperature does not change the ranking, so accuracy is reported once."""
+    hits1 = hits5 = 0
+    per_t = {t: {"p_true": 0.0, "p_top1": 0.0, "entropy": 0.0, f"top{top_k}_mass": 0.0} for t in temperatures}
+    for start in range(0, len(labels), chunk):
         with torch.inference_mode():
-            logits = source.logits(_last_hidden(encoder, batch)[chosen]).float()
-        labels = batch["mlm_labels"][chosen]
+            logits = source.logits(hidden[start:start + chunk]).float()
+        right = labels[start:start + chunk]
         top5 = logits.topk(5, dim=-1).indices
-        hits1 += int((top5[:, 0] == labels).sum())
-        hits5 += int((top5 == labels[:, None]).any(-1).sum())
-        total += len(labels)
+        hits1 += int((top5[:, 0] == right).sum())
+        hits5 += int((top5 == right[:, None]).any(-1).sum())
         for t in temperatures:
             logp = torch.log_softmax(logits / t, dim=-1)
-            per_t[t]["p_true"] += float(logp.gather(1, labels[:, None]).exp().sum())
+            p = logp.exp()
+            per_t[t]["p_true"] += float(logp.gather(1, right[:, None]).exp().sum())
             per_t[t]["p_top1"] += float(logp.max(-1).values.exp().sum())
-            per_t[t]["entropy"] += float(-(logp.exp() * logp).sum(-1).sum())
-    if total == 0:
-        raise DataError("the held-out text has no maskable token: give more text")
+            per_t[t]["entropy"] += float(-(p * logp).sum(-1).sum())
+            per_t[t][f"top{top_k}_mass"] += float(p.topk(top_k, dim=-1).values.sum())
+    total = len(labels)
     return {"source": source.source, "masked_tokens": total, "top1": round(hits1 / total, 4),
             "top5": round(hits5 / total, 4),
             "by_temperature": {f"{t:g}": {k: round(v / total, 4) for k, v in d.items()} for t, d in per_t.items()}}
@@ -79,8 +94,11 @@ def masked_token_scores(encoder, source: MLMDistribution, heldout: MaskedBatches
 
 def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: int = 300, batch_size: int = 32,
                  max_length: int = 128, learning_rate: float = 1e-3, seed: int = 42, heldout_examples: int = 256,
-                 heldout_fraction: float = 0.01, log=print) -> dict:
-    """Fits the head, measures it against the tied projection on held-out text, writes the teacher folder."""
+                 heldout_fraction: float = 0.01, eval_every: int | None = None, mixed_precision: str = "no",
+                 log=print) -> dict:
+    """Fits the head, measures it against the tied projection on held-out text, writes the teacher folder.
+    Every `eval_every` steps the held-out accuracy and loss are logged and kept (`heldout.curve`), to show
+    where more steps stop paying."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty: choose a new --out folder "
@@ -93,13 +111,29 @@ def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: 
     train = MaskedBatches(corpus, tokenizer)
     teacher = Teacher(teacher_name)
     encoder = teacher.model.base_model
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
+    heldout_hidden, heldout_labels = masked_targets(encoder, heldout, mixed_precision)
     head = new_head(encoder)
+    curve = []
+
+    def evaluate(step: int) -> None:
+        with torch.inference_mode():
+            logits = torch.cat([head(heldout_hidden[i:i + 512]).float() for i in range(0, len(heldout_labels), 512)])
+        entry = {"step": step, "loss": round(torch.nn.functional.cross_entropy(logits, heldout_labels).item(), 4),
+                 "top1": round((logits.argmax(-1) == heldout_labels).float().mean().item(), 4),
+                 "top5": round((logits.topk(5, -1).indices == heldout_labels[:, None]).any(-1).float().mean().item(), 4),
+                 "cpu_seconds": round(time.process_time() - cpu_start, 1)}
+        curve.append(entry)
+        log(f"held-out at step {step}: loss {entry['loss']:.3f}  top-1 {entry['top1']:.4f}  top-5 {entry['top5']:.4f}")
+
     trainable = [p for n, p in head.named_parameters()]
     optimizer = torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
-    start, step, epoch, losses = time.perf_counter(), 0, 0, []
+    step, epoch, losses = 0, 0, []
+    if eval_every:
+        evaluate(0)
     while step < steps:
         served = False
         for batch, _, _ in train.batches(batch_size, seed, epoch, None):
@@ -107,7 +141,7 @@ def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: 
             chosen = batch["mlm_labels"] != -100
             if not chosen.any():
                 continue
-            logits = head(_last_hidden(encoder, batch)[chosen])
+            logits = head(_last_hidden(encoder, batch, mixed_precision)[chosen])
             loss = torch.nn.functional.cross_entropy(logits.float(), batch["mlm_labels"][chosen])
             optimizer.zero_grad()
             loss.backward()
@@ -117,27 +151,29 @@ def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: 
             step += 1
             if step % 50 == 0 or step == steps:
                 log(f"step {step}/{steps}  mlm loss {sum(losses[-50:]) / len(losses[-50:]):.3f}  "
-                    f"{time.perf_counter() - start:.0f}s")
+                    f"{time.perf_counter() - wall_start:.0f}s")
+            if eval_every and (step % eval_every == 0 or step == steps):
+                evaluate(step)
             if step >= steps:
                 break
         if not served:
             raise DataError("the corpus served no training batch")
         epoch += 1
-    seconds = time.perf_counter() - start
+    cpu_seconds, seconds = time.process_time() - cpu_start, time.perf_counter() - wall_start
     head.eval().requires_grad_(False)
     temperatures = (1.0, 0.2)
-    measured = {
-        "tied projection": masked_token_scores(encoder, MLMDistribution(encoder, None, "tied projection"),
-                                               heldout, temperatures),
-        "fitted head": masked_token_scores(encoder, MLMDistribution(encoder, head, "fitted head"), heldout,
-                                           temperatures),
-    }
+    measured = {name: masked_token_scores(MLMDistribution(encoder, source, name), heldout_hidden, heldout_labels,
+                                          temperatures)
+                for name, source in (("tied projection", None), ("fitted head", head))}
     info = {"teacher": teacher_name, "corpus": [str(f) for f in corpus_files], "steps": steps,
             "batch_size": batch_size, "max_length": max_length, "learning_rate": learning_rate, "seed": seed,
-            "fit_seconds": round(seconds, 1), "threads": torch.get_num_threads(),
+            "mixed_precision": mixed_precision, "fit_seconds": round(seconds, 1),
+            "fit_cpu_seconds": round(cpu_seconds, 1), "threads": torch.get_num_threads(),
+            "environment": environment(),
             "final_loss": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4),
             "heldout": {"examples": len(heldout.source), "split": f"documents held out by TextCorpus's hash "
-                        "(heldout_fraction {heldout_fraction}), never trained on", "scores": measured}}
+                        f"(heldout_fraction {heldout_fraction}), never trained on", "scores": measured,
+                        "curve": curve}}
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:

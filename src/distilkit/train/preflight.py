@@ -50,6 +50,22 @@ def check_encodes(tokenizer, texts: list[tuple[str, ...]], source: str) -> None:
                          f"unknown ({tokenizer.unk_token}): its vocabulary does not cover this text; {fix}")
 
 
+def check_same_vocabulary(teacher_tokenizer, student_tokenizer, teacher: str, student: str,
+                          role: str = "student",
+                          fix: str = "use a student with the teacher's tokenizer, or student.init=random/teacher_layers"
+                          ) -> None:
+    """The student (or another model reading the run's token ids: `role`) reads the teacher's token ids, so
+    both must map tokens to ids the same way (compared token by token: two vocabularies of one size can still
+    differ)."""
+    teacher_vocab, student_vocab = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+    if teacher_vocab == student_vocab:
+        return
+    differing = sum(1 for token, index in teacher_vocab.items() if student_vocab.get(token) != index)
+    raise ValueError(f"the {role} {student} has another vocabulary than the teacher {teacher} ({len(student_vocab)} "
+                     f"vs {len(teacher_vocab)} tokens, {differing} of the teacher's map elsewhere or are missing): "
+                     f"{fix}")
+
+
 def check_teachers_share_vocabulary(first_tokenizer, other_tokenizer, first: str, other: str) -> None:
     """Several teachers (teacher.models) read the one tokenisation of the data, as the student does."""
     if first_tokenizer.get_vocab() != other_tokenizer.get_vocab():
