@@ -129,7 +129,7 @@ def test_kd_logit_mse_is_tang_et_al_eq2():
     from distilkit.models.features import Features
 
     method_cls = get_method("kd")
-    method = method_cls(method_cls.Params(name="kd", objective="logit_mse"),
+    method = method_cls(method_cls.Params(name="kd", objective="logit_mse", hard_weight=0.0),
                         MethodContext(task=glue_task("sst2"), student=None, teacher=None, train_size=1))
     student = Features(attention_mask=torch.ones(2, 1), logits=torch.tensor([[1.0, 2.0], [0.0, 0.0]]))
     teacher = Features(attention_mask=torch.ones(2, 1), logits=torch.tensor([[3.0, 2.0], [1.0, -1.0]]))
