@@ -214,8 +214,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     # are computed live
     fixed_inputs = isinstance(train_data, TokenizedDataset)
     if teachers and config.teacher.cache and fixed_inputs and not request.is_empty():
-        teacher_reads = train_data if train_data.teacher_view is None else train_data.teacher_view
-        caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, teacher_reads) for t in teachers]
+        caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, train_data.teacher_reads) for t in teachers]
     source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
                     scratch)

@@ -83,6 +83,11 @@ class TokenizedDataset(torch.utils.data.Dataset):
             digest.update(b"|")
         return digest.hexdigest()
 
+    @property
+    def teacher_reads(self) -> TokenizedDataset:
+        """These examples as the teacher reads them: its own tokenization when the student has another."""
+        return self if self.teacher_view is None else self.teacher_view
+
     def collate(self, items: list[dict]) -> dict[str, torch.Tensor]:
         batch = collate(items, self.pad_token_id)
         if self.teacher_view is not None:

@@ -41,10 +41,8 @@ def labeled_splits(teacher, eval_data: dict, task) -> dict:
 
 def teacher_scores(teacher, eval_data: dict, task, batch_size: int) -> dict:
     """The teacher's scores on the run's own eval data ({} when it cannot be scored)."""
-    labeled = labeled_splits(teacher, eval_data, task)
-    teacher_reads = {split: data if data.teacher_view is None else data.teacher_view
-                     for split, data in labeled.items()}  # its own tokenization, when the student has another
-    return evaluate_splits(TransformerStudent(teacher.model), teacher_reads, task, batch_size) if labeled else {}
+    labeled = {split: data.teacher_reads for split, data in labeled_splits(teacher, eval_data, task).items()}
+    return evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size) if labeled else {}
 
 
 def constant_baseline(task, labels: np.ndarray) -> tuple[str, dict[str, float]]:
@@ -92,12 +90,9 @@ def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size:
     if not labeled:
         return {}
     teacher_model = TransformerStudent(teacher.model)
-    # the same examples in the teacher's own tokenization, when the student reads another one
-    teacher_reads = {split: data if data.teacher_view is None else data.teacher_view
-                     for split, data in labeled.items()}
     split = next(iter(labeled))
-    return {"teacher_scores": scores or evaluate_splits(teacher_model, teacher_reads, task, batch_size),
+    return {"teacher_scores": scores or teacher_scores(teacher, eval_data, task, batch_size),
             "dev_throughput": {"student": dev_throughput(student, labeled[split], batch_size),
-                               "teacher": dev_throughput(teacher_model, teacher_reads[split], batch_size),
+                               "teacher": dev_throughput(teacher_model, labeled[split].teacher_reads, batch_size),
                                "split": split, "batch_size": batch_size,
                                "threads": torch.get_num_threads()}}
