@@ -184,7 +184,8 @@ def run_side(args) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result alone
         result = (run_distilkit if args.side == "distilkit" else run_textbrewer)(args, work)
     result |= {"seed": args.seed, "teacher": args.teacher, "examples": args.examples, "epochs": args.epochs,
-               "lr": args.lr, "threads": args.threads, "environment": environment()}
+               "lr": args.lr, "threads": args.threads, "cpu_affinity": sorted(os.sched_getaffinity(0)),
+               "environment": environment()}
     (work / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
@@ -290,7 +291,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="torch threads on both sides (default: the cores this process may run on, so `taskset -c 1` means 1)")
     parser.add_argument("--precision", choices=["no", "bf16"], default="no",
                         help="distilkit side: fp32 (no) or bf16 autocast; TextBrewer runs fp32")
     parser.add_argument("--textbrewer-padding", choices=["max_length", "dynamic"], default="max_length")
