@@ -1,4 +1,4 @@
-"""Deployable students: Hugging Face folders, ONNX (dynamic batch and length), dynamic int8.
+"""Deployable students: Hugging Face folders, ONNX (dynamic batch and length), dynamic int8 checked against fp32.
 
 A plain Transformer student saved by distilkit is an ordinary `transformers` model folder with its
 tokenizer: `AutoModelForSequenceClassification` and `pipeline("text-classification")` load it
@@ -7,7 +7,10 @@ without distilkit. ONNX export is checked against PyTorch on real inputs before 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -22,6 +25,8 @@ from distilkit.models.student import TransformerStudent, load_student, read_meta
 
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
+
+log = logging.getLogger(__name__)
 
 
 def copy_pretrained(source: Path, destination: Path) -> Path:
@@ -101,17 +106,160 @@ def onnx_parity(model, onnx_path: Path, tokenizer) -> float:
     return float(np.abs(onnx_logits - torch_logits).max())
 
 
-def quantize_int8(onnx_path: Path, out_path: Path | None = None) -> Path:
-    """ONNX Runtime dynamic int8 quantisation of the linear layers' weights, one scale per output column.
+MIN_AGREEMENT = 0.995  # int8 predictions equal to fp32's on 99.5% of the calibration text: ≤ 0.5 point there
+CALIBRATION_SENTENCES = 512
+_LAYER = re.compile(r"/(?:layer|layers|h|block|blocks)\.(\d+)/")
 
-    Per-channel, because one scale per matrix cost up to 1.2 points of dev score on our students at the
-    same speed (benchmarks/results/int8/).
+
+def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path | None = None,
+                  texts: list[str | tuple[str, str]] | None = None, min_agreement: float = MIN_AGREEMENT) -> Path:
+    """ONNX Runtime dynamic int8 quantisation (weights per output column), checked against fp32 on text with no
+    labels: while int8 agrees with fp32 on fewer than `min_agreement` of it, the most sensitive Transformer
+    layer is left in fp32 (see `int8_agreement` for what agreement means for each head).
+
+    Per-channel, because one scale per matrix cost up to 1.2 points of dev score at the same speed
+    (benchmarks/results/int8/). The text is `texts`, else the student's own training text (its folder,
+    `model_dir`, default: the ONNX file's folder, names the task); with neither, int8 is written unchecked.
     """
+    onnx_path = Path(onnx_path)
+    out_path = Path(out_path or onnx_path.with_name(INT8_FILE))
+    feeds, source = calibration_feeds(Path(model_dir or onnx_path.parent), texts)
+    if feeds is None:
+        _quantize(onnx_path, out_path, [])
+        log.warning("int8 %s: not checked against fp32 (%s); pass calibration text to check it", out_path, source)
+        return _record(out_path, {"checked": False, "why_not": source})
+    fp32 = _run(onnx_path, feeds)
+    agreement = _quantize_and_compare(onnx_path, out_path, [], feeds, fp32)
+    if agreement >= min_agreement:
+        log.info("int8 %s: every layer int8; agrees with fp32 on %.2f%% of %s", out_path, 100 * agreement, source)
+        return _record(out_path, {"checked": True, "calibration": source, "agreement": agreement,
+                                  "layers_fp32": [], "all_int8_agreement": agreement})
+    all_int8 = agreement
+    groups = layer_groups(onnx_path)
+    # sensitivity: the mean squared logit change with only that group in int8 (continuous, so it ranks groups
+    # that flip no prediction on their own)
+    sensitivity = {}
+    for name, nodes in groups.items():
+        others = [n for other, members in groups.items() if other != name for n in members]
+        _quantize(onnx_path, out_path, others)
+        sensitivity[name] = float(np.mean((_run(out_path, feeds) - fp32) ** 2))
+    kept_fp32: list[str] = []
+    for name in sorted(sensitivity, key=sensitivity.get, reverse=True):
+        kept_fp32.append(name)
+        excluded = [n for group in kept_fp32 for n in groups[group]]
+        agreement = _quantize_and_compare(onnx_path, out_path, excluded, feeds, fp32)
+        if agreement >= min_agreement:
+            break
+    log.info("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
+             "%.1f%% of %s; now agrees on %.2f%%", out_path, ", ".join(kept_fp32), 100 * min_agreement, source,
+             100 * agreement)
+    return _record(out_path, {"checked": True, "calibration": source, "agreement": agreement,
+                              "layers_fp32": kept_fp32, "all_int8_agreement": all_int8,
+                              "sensitivity": sensitivity})
+
+
+INT8_CHECK_KEY = "distilkit_int8_check"
+
+
+def int8_check(int8_path: Path) -> dict:
+    """What `quantize_int8` wrote into the int8 file's metadata: the check, its text and the layers left in fp32."""
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(int8_path), load_external_data=False).metadata_props}
+    return json.loads(props[INT8_CHECK_KEY]) if INT8_CHECK_KEY in props else {}
+
+
+def _record(int8_path: Path, check: dict) -> Path:
+    import onnx
+
+    model = onnx.load(str(int8_path))
+    onnx.helper.set_model_props(model, {INT8_CHECK_KEY: json.dumps(check)})
+    onnx.save(model, str(int8_path))
+    return int8_path
+
+
+def int8_agreement(fp32: np.ndarray, int8: np.ndarray) -> float:
+    """How far int8 keeps fp32's predictions on text with no labels, as a fraction (1 = unchanged).
+
+    Classification: the share of texts whose arg-max is unchanged, so the accuracy on that text changes by at most 1 − agreement. Regression (one output): 1 − ‖e‖ / ‖f‖ with
+    f the fp32 predictions and e the int8 change, both centred; Pearson's r is the cosine of centred vectors,
+    so r with any labels moves by at most the angle int8 turns f through, arcsin(‖e‖ / ‖f‖) ≈ 1 − agreement.
+    """
+    if fp32.ndim == 2 and fp32.shape[1] == 1:
+        f = fp32[:, 0] - fp32[:, 0].mean()
+        e = (int8 - fp32)[:, 0] - (int8 - fp32)[:, 0].mean()
+        return 1.0 - float(np.linalg.norm(e) / max(np.linalg.norm(f), 1e-12))
+    return float((fp32.argmax(-1) == int8.argmax(-1)).mean())
+
+
+def layer_groups(onnx_path: Path) -> dict[str, list[str]]:
+    """The graph's node names by Transformer layer ("layer N"); embeddings, pooler and head are "outside layers"."""
+    import onnx
+
+    groups: dict[str, list[str]] = {}
+    for node in onnx.load(str(onnx_path)).graph.node:
+        match = _LAYER.search(node.name)
+        # dynamic quantisation first rewrites each Gemm as a MatMul named "<Gemm>_MatMul" (and an Add)
+        names = [node.name, f"{node.name}_MatMul"] if node.op_type == "Gemm" else [node.name]
+        groups.setdefault(f"layer {match[1]}" if match else "outside layers", []).extend(names)
+    return groups
+
+
+def calibration_feeds(model_dir: Path, texts: list | None = None, batch_size: int = 32
+                      ) -> tuple[list[dict[str, np.ndarray]] | None, str]:
+    """Batches of `texts` (else of the student's own training text: a seeded sample of its task's train split)
+    tokenised as the student reads them, and where they came from; (None, why not) when there is no text."""
+    meta = read_metadata(model_dir)
+    if "doc_stride" in meta:
+        return None, "the check compares one prediction per text, and a question-answering model makes two per token"
+    if texts is None:
+        from distilkit.config import DataConfig
+        from distilkit.data.readers import read_split
+        from distilkit.data.tasks import named_task
+
+        try:
+            examples = read_split(named_task(meta["task"]), "train", DataConfig())
+        except (KeyError, ValueError) as err:  # no task recorded, or its data is not here (DataError)
+            return None, f"no training text found for {model_dir}: {err}"
+        keep = np.sort(np.random.default_rng(0).permutation(len(examples))[:CALIBRATION_SENTENCES])
+        texts, source = [examples[i].texts for i in keep], f"{len(keep)} {meta['task']} training sentences"
+    else:
+        source = f"{len(texts)} given sentences"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    rows = [(t,) if isinstance(t, str) else tuple(t) for t in texts]
+    feeds = []
+    for start in range(0, len(rows), batch_size):
+        columns = [list(c) for c in zip(*rows[start:start + batch_size])]
+        encoded = tokenizer(*columns, padding=True, truncation=True, max_length=meta.get("max_length", 128),
+                            return_tensors="np")
+        feeds.append({k: v.astype(np.int64) for k, v in encoded.items()})
+    return feeds, source
+
+
+def _quantize(onnx_path: Path, out_path: Path, excluded: list[str]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    out_path = Path(out_path or Path(onnx_path).with_name(INT8_FILE))
-    quantize_dynamic(str(onnx_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True)
-    return out_path
+    quantize_dynamic(str(onnx_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True,
+                     nodes_to_exclude=excluded)
+
+
+def _run(onnx_path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (ONNX Runtime would take them all)
+        options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    return np.concatenate([session.run(["logits"], {k: v for k, v in feed.items() if k in names})[0]
+                           for feed in feeds])
+
+
+def _quantize_and_compare(onnx_path, out_path, excluded, feeds, fp32) -> float:
+    _quantize(onnx_path, out_path, excluded)
+    return int8_agreement(fp32, _run(out_path, feeds))
 
 
 class OnnxStudent:
@@ -151,9 +299,11 @@ def inference_model(model_dir: Path, onnx: bool = False, int8: bool = False):
     return OnnxStudent(path)
 
 
-def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False) -> dict[str, str]:
+def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False,
+           calibration_text: list[str | tuple[str, str]] | None = None) -> dict[str, str]:
     """Builds the export in a temporary folder beside `destination` and renames it into place only when
-    every part succeeded: a failed export leaves no half-made destination."""
+    every part succeeded: a failed export leaves no half-made destination. int8 is checked against fp32 on
+    `calibration_text`, else on the student's own training text (`quantize_int8`)."""
     destination = Path(destination)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise FileExistsError(f"{destination} is not empty; choose a new folder")
@@ -165,7 +315,7 @@ def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = 
         if onnx or int8:
             parts["onnx"] = export_onnx(building)
             if int8:
-                parts["int8"] = quantize_int8(parts["onnx"])
+                parts["int8"] = quantize_int8(parts["onnx"], texts=calibration_text)
         if destination.exists():
             destination.rmdir()
         os.replace(building, destination)

@@ -50,7 +50,7 @@ class Deployment:
             return fp32
         int8 = self.onnx_dir / INT8_FILE
         if not _newer_than(int8, fp32):
-            quantize_int8(fp32, int8)
+            quantize_int8(fp32, int8, model_dir=self.model_dir)
         return int8
 
     def session(self, fmt: str, threads: int) -> OnnxStudent:

@@ -1,0 +1,105 @@
+"""The shipped int8 export checks itself against fp32 on text with no labels and leaves the most sensitive
+Transformer layers in fp32 until it agrees (export.quantize_int8)."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertForSequenceClassification, BertTokenizerFast
+
+from conftest import tiny_bert_config
+from distilkit.export import OnnxStudent, export_onnx, int8_agreement, int8_check, layer_groups, quantize_int8
+from distilkit.models.student import write_metadata
+
+TEXTS = ["the film was good", "a dull plot , really", "brilliant acting and a moving ending",
+         "the script is weak", "quite fun", "tedious and flat music", "the cast was superb", "an awful story",
+         "it is lovely", "this movie was boring", "really charming", "the ending was terrible"] * 4
+
+
+def test_agreement_counts_unchanged_predictions_and_bounds_the_pearson_change():
+    fp32 = np.array([[2.0, 1.0], [0.0, 1.0], [1.0, 0.9], [3.0, 0.0]])
+    int8 = np.array([[1.9, 1.1], [0.1, 1.0], [0.8, 0.9], [2.0, 1.0]])  # row 3's arg-max flips; row 4 ties -> 0
+    assert int8_agreement(fp32, int8) == 0.75
+    # regression: f centred = (-1, 0, 1), the change e = (0.02, -0.01, -0.01) (mean 0, so centred as is):
+    # 1 - |e| / |f| = 1 - sqrt(0.0006) / sqrt(2)
+    f, q = np.array([[1.0], [2.0], [3.0]]), np.array([[1.02], [1.99], [2.99]])
+    assert int8_agreement(f, q) == pytest.approx(1 - np.sqrt(0.0006) / np.sqrt(2))
+    # a shift of every prediction changes no correlation: agreement 1
+    assert int8_agreement(f, f + 0.5) == pytest.approx(1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_regressor(tmp_path_factory, tiny_base_model):
+    """A tiny 4-layer BERT with one output: int8 never agrees with fp32 exactly, so a tolerance can force
+    layers back to fp32."""
+    directory = tmp_path_factory.mktemp("tiny-regressor")
+    torch.manual_seed(3)
+    config = tiny_bert_config(BertTokenizerFast.from_pretrained(tiny_base_model).vocab_size)
+    config.num_labels = 1
+    config.initializer_range = 0.2  # outputs that vary from text to text (at 0.02 they are all nearly equal)
+    BertForSequenceClassification(config).save_pretrained(directory)
+    BertTokenizerFast.from_pretrained(tiny_base_model).save_pretrained(directory)
+    export_onnx(directory, directory / "model.onnx")
+    return directory
+
+
+def test_int8_keeps_every_layer_int8_when_it_agrees(tiny_regressor, tmp_path):
+    out = quantize_int8(tiny_regressor / "model.onnx", tmp_path / "all.onnx", texts=TEXTS, min_agreement=0.5)
+    check = int8_check(out)
+    assert check["checked"] and check["layers_fp32"] == [] and check["calibration"] == "48 given sentences"
+    assert 0.5 <= check["agreement"] < 1.0
+
+
+def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regressor, tmp_path):
+    fp32 = tiny_regressor / "model.onnx"
+    all_int8 = int8_check(quantize_int8(fp32, tmp_path / "all.onnx", texts=TEXTS, min_agreement=0.0))["agreement"]
+    target = (all_int8 + 1.0) / 2  # above what all-int8 reaches: some layer must go back to fp32
+    check = int8_check(quantize_int8(fp32, tmp_path / "mixed.onnx", texts=TEXTS, min_agreement=target))
+    groups = layer_groups(fp32)
+    assert set(groups) == {"layer 0", "layer 1", "layer 2", "layer 3", "outside layers"}
+    assert check["all_int8_agreement"] == pytest.approx(all_int8)
+    assert 1 <= len(check["layers_fp32"]) < len(groups) and check["agreement"] >= target
+    ranked = sorted(check["sensitivity"], key=check["sensitivity"].get, reverse=True)
+    assert check["layers_fp32"] == ranked[:len(check["layers_fp32"])]  # most sensitive first
+    # those layers' weight MatMuls really stayed fp32; the others' are int8
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "mixed.onnx")).graph
+    weights = {t.name for t in graph.initializer}
+    fp32_matmuls = {n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights}
+    for name in groups:
+        if name == "outside layers":
+            continue
+        layer_matmuls = {n for n in groups[name] if n.endswith("dense/MatMul") or n.endswith("y/MatMul")
+                         or n.endswith("e/MatMul")}
+        assert layer_matmuls and (layer_matmuls <= fp32_matmuls) == (name in check["layers_fp32"]), name
+    # asking for exact agreement leaves everything in fp32: the same predictions as fp32
+    exact = quantize_int8(fp32, tmp_path / "exact.onnx", texts=TEXTS, min_agreement=1.0)
+    assert int8_check(exact)["agreement"] == pytest.approx(1.0, abs=1e-4)
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_regressor)
+    batch = dict(tokenizer(TEXTS[:6], padding=True, return_tensors="pt"))
+    assert torch.allclose(OnnxStudent(exact).features(batch).logits, OnnxStudent(fp32).features(batch).logits,
+                          atol=1e-5)
+
+
+def test_cli_export_int8_checks_on_the_students_own_training_text(tmp_path, tiny_teacher, glue_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    student = shutil.copytree(tiny_teacher, tmp_path / "student")
+    write_metadata(student, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
+    run = CliRunner().invoke
+    monkeypatch.setenv("DISTILKIT_DATA", str(glue_dir))
+    result = run(app, ["export", str(student), str(tmp_path / "checked"), "--int8"])
+    assert result.exit_code == 0, result.output
+    check = int8_check(json.loads(result.stdout)["int8"])
+    assert check["checked"] and check["calibration"] == "256 sst2 training sentences"
+    # no data for its task here: int8 is still written, marked unchecked, saying why
+    monkeypatch.delenv("DISTILKIT_DATA")
+    result = run(app, ["export", str(student), str(tmp_path / "unchecked"), "--int8"])
+    assert result.exit_code == 0, result.output
+    check = int8_check(json.loads(result.stdout)["int8"])
+    assert not check["checked"] and "DISTILKIT_DATA" in check["why_not"]
