@@ -101,16 +101,19 @@ def main() -> None:
     parser.add_argument("students", nargs="+", help="TASK=STUDENT_FOLDER")
     parser.add_argument("--threads", type=int, default=1, help="threads for every format (default 1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median kept)")
+    parser.add_argument("--out", type=Path, help="also write the JSON here after every student (kept if stopped)")
     args = parser.parse_args()
     pairs = [s.split("=", 1) for s in args.students]
     if bad := [s for s, p in zip(args.students, pairs) if len(p) != 2]:
         parser.error(f"give each student as TASK=FOLDER, e.g. sst2=benchmarks/work/.../best (got {bad})")
-    results = []
+    facts, results = machine(), []
     for task, folder in pairs:
         results.append(measure(Path(folder), task, args.threads, args.rounds))
-        print(f"[int8] {folder}: {json.dumps(results[-1]['formats']['int8_shipped']['score_change_points'])} points",
+        print(f"[int8] {folder}: {results[-1]['formats']['int8_shipped']['score_change_points']:+.2f} points",
               file=sys.stderr, flush=True)
-    print(json.dumps({"machine": machine(), "students": results}, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps({"machine": facts, "students": results}, indent=2))
+    print(json.dumps({"machine": facts, "students": results}, indent=2))
     print(table(results), file=sys.stderr)
 
 
