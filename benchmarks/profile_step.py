@@ -7,10 +7,15 @@ cache filled first, then stepped the way `Distiller._optimizer_step` steps it, e
 batch (sampling + collate), teacher (cache lookup), forward (student features + loss terms), sync (the
 loss terms' `.tolist()`), backward, clip, optimizer (step + zero_grad). The arms (batching, packing,
 packed row length, optimizer implementation, precision) start from the same weights and run interleaved one step each, so
-the shared machine's load falls on all alike; the first `--warmup` steps are not timed. Only speed is
-measured (the teacher's head is untrained unless --teacher names a fine-tuned one).
+the shared machine's load falls on all alike; the first `--warmup` steps are not timed (their time is recorded
+apart: with `train.compile` it is the compilation). Only speed is measured (the teacher's head is untrained unless
+--teacher names a fine-tuned one); every arm's loss per step is recorded, to compare the curves.
+`--job demo` times the README demo's student instead: S3-384 with layers 1, 3, 5 of the T6 teacher, Hinton KD
+(T=2), max length 128.
 
     python benchmarks/profile_step.py --steps 30 --arms padded-random packed-random padded-bucketed
+    python benchmarks/profile_step.py --threads 1 --arms packed-random-fused packed-random-fused-compile \
+        packed-random-fused-bf16 packed-random-fused-bf16-compile   # train.compile, fp32 and bf16
 """
 
 from __future__ import annotations
@@ -34,23 +39,36 @@ from distilkit.train.distiller import TrainModule, _param_groups
 from distilkit.train.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
-# name -> (train.packing, data.bucket_batches, AdamW implementation, mixed precision, packed row tokens)
+# name -> (train.packing, data.bucket_batches, AdamW implementation, mixed precision, packed row tokens,
+# train.compile)
 ARMS = {
-    "padded-random": (False, 1, "for-loop", "no", None),
-    "padded-bucketed": (False, 50, "for-loop", "no", None),
-    "packed256-random": (True, 1, "for-loop", "no", 256),
-    "packed128-random": (True, 1, "for-loop", "no", 128),
-    "packed-random": (True, 1, "for-loop", "no", None),
-    "padded-random-fused": (False, 1, "fused", "no", None),
-    "padded-bucketed-fused": (False, 50, "fused", "no", None),
-    "packed-random-foreach": (True, 1, "foreach", "no", None),
-    "packed-random-fused": (True, 1, "fused", "no", None),
-    "packed-random-fused-bf16": (True, 1, "fused", "bf16", None),
+    "padded-random": (False, 1, "for-loop", "no", None, False),
+    "padded-bucketed": (False, 50, "for-loop", "no", None, False),
+    "packed256-random": (True, 1, "for-loop", "no", 256, False),
+    "packed128-random": (True, 1, "for-loop", "no", 128, False),
+    "packed-random": (True, 1, "for-loop", "no", None, False),
+    "padded-random-fused": (False, 1, "fused", "no", None, False),
+    "padded-bucketed-fused": (False, 50, "fused", "no", None, False),
+    "packed-random-foreach": (True, 1, "foreach", "no", None, False),
+    "packed-random-fused": (True, 1, "fused", "no", None, False),
+    "packed-random-fused-bf16": (True, 1, "fused", "bf16", None, False),
+    "packed-random-fused-compile": (True, 1, "fused", "no", None, True),
+    "packed-random-fused-bf16-compile": (True, 1, "fused", "bf16", None, True),
 }
 PHASES = ("batch", "teacher", "forward", "sync", "backward", "clip", "optimizer")
 
 
 def job_config(args, bucket_batches: int) -> dict:
+    if args.job == "demo":
+        return {"task": {"name": "sst2"},
+                "data": {"dir": args.data, "max_length": 128, "max_train_examples": args.examples,
+                         "bucket_batches": bucket_batches},
+                "teacher": {"model": args.teacher},
+                "student": {"preset": "S3-384", "init": "teacher_layers"},
+                "method": {"name": "kd", "temperature": 2.0},
+                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
+                          "threads": args.threads},
+                "output": {"dir": "/tmp/unused"}}
     return {"task": {"name": "sst2"},
             "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples, "bucket_batches": bucket_batches},
             "teacher": {"model": args.teacher},
@@ -65,21 +83,25 @@ def job_config(args, bucket_batches: int) -> dict:
 class Arm:
     def __init__(self, name: str, runs: dict, base_module: TrainModule):
         self.name = name
-        self.packing, self.bucket_batches, optimizer, self.precision, self.row_tokens = ARMS[name]
+        self.packing, self.bucket_batches, optimizer, self.precision, self.row_tokens, compiled = ARMS[name]
         run = runs[self.bucket_batches]
         self.run = run
         self.module = copy.deepcopy(base_module)
         self.module.student.use_packing(self.packing)
+        if compiled:
+            self.module.student.compile_layers()
         self.module.train()
         options = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[optimizer]
         self.optimizer = torch.optim.AdamW(_param_groups(self.module, 0.01), lr=5e-4, **options)
         self.batches = run.train_data.batches(32, run.config.train.seed, 0, None)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.warmup_seconds = 0.0
         self.tokens = 0
         self.losses: list[float] = []
 
     def step(self, number: int, timed: bool) -> None:
         features_module.PACKED_ROW_TOKENS = self.row_tokens
+        torch.manual_seed(number)  # every arm's dropout starts step `number` alike
         marks = [time.perf_counter()]
         batch, _, _ = next(self.batches)
         marks.append(time.perf_counter())
@@ -100,6 +122,8 @@ class Arm:
         self.optimizer.zero_grad(set_to_none=True)
         marks.append(time.perf_counter())
         self.losses.append(sum(values))
+        if not timed:
+            self.warmup_seconds += marks[-1] - marks[0]
         if timed:
             for phase, start, end in zip(PHASES, marks, marks[1:]):
                 self.seconds[phase] += end - start
@@ -110,13 +134,16 @@ class Arm:
         return {"ms_per_step": round(1000 * total / steps, 1),
                 **{f"{phase}_ms": round(1000 * self.seconds[phase] / steps, 1) for phase in PHASES},
                 "tokens_per_second": round(self.tokens / total, 1),
-                "loss_mean": round(sum(self.losses) / len(self.losses), 4)}
+                "warmup_seconds": round(self.warmup_seconds, 1),
+                "loss_mean": round(sum(self.losses) / len(self.losses), 4),
+                "losses": [round(loss, 4) for loss in self.losses]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["padded-random", "packed-random", "padded-bucketed"],
                         choices=list(ARMS))
+    parser.add_argument("--job", choices=["vs-textbrewer", "demo"], default="vs-textbrewer")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--examples", type=int, default=4000)
@@ -138,7 +165,7 @@ def main() -> None:
         for arm in arms[number % len(arms):] + arms[:number % len(arms)]:  # rotate who goes first
             arm.step(number, timed=number >= args.warmup)
     result = {"command": "python benchmarks/profile_step.py " + " ".join(f"--arms {' '.join(args.arms)}".split())
-              + f" --steps {args.steps} --warmup {args.warmup}", "environment": environment(),
+              + f" --job {args.job} --steps {args.steps} --warmup {args.warmup} --threads {args.threads}", "environment": environment(),
               "arms": {arm.name: arm.record(args.steps) for arm in arms}}
     base_speed = result["arms"][args.arms[0]]["ms_per_step"]
     for record in result["arms"].values():

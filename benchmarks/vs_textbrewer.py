@@ -231,8 +231,17 @@ def summarise(work: Path) -> dict:
     first = next(iter(seeds.values()))
     return {"summary": summary, "per_side": stats, "per_seed": per_seed,
             "batching": {side: r["padding"] for side, r in first.items()},
-            "job": {k: first["textbrewer"][k] for k in ("teacher", "examples", "epochs", "lr", "threads")},
+            "job": {k: first["textbrewer"].get(k) for k in ("teacher", "examples", "epochs", "lr", "threads",
+                                                             "cpu_affinity")},
             "environment": first["distilkit"]["environment"]}
+
+
+def where(job: dict) -> str:
+    cores = job.get("cpu_affinity")
+    if cores and len(cores) < (os.cpu_count() or 1):
+        return (f"pinned to core{'s' if len(cores) > 1 else ''} {', '.join(map(str, cores))} (taskset), other work "
+                "running on the other cores")
+    return "on every core, with no other heavy job running"
 
 
 def markdown(result: dict, command: str) -> str:
@@ -263,8 +272,8 @@ def markdown(result: dict, command: str) -> str:
                      f"| {st['accuracy_diff_points_mean']:+.2f} ± {st['accuracy_diff_points_sd']:.2f} | {st['seeds']} |")
     lines += ["", f"Seeds {', '.join(map(str, seeds))}; mean ± sd over seeds. Training time excludes dev evaluation "
                   "on both sides; distilkit's epoch 1 includes building its teacher cache (it starts empty). Each "
-                  "side ran in its own process, one after the other, under a lock that kept other heavy jobs off "
-                  "the CPU; summary.json holds the fp32 figures.", "", "```sh", command, "```", ""]
+                  f"side ran in its own process, one after the other, {where(job)}; summary.json holds the fp32 "
+                  "figures.", "", "```sh", command, "```", ""]
     return "\n".join(lines)
 
 

@@ -254,6 +254,12 @@ class TrainConfig(StrictModel):
     # on padding, the same outputs (models/features.py); students that cannot run packed run padded, with one log
     # line. On by default, so that the default random batches spend nothing on padding
     packing: bool = True
+    # torch.compile the student's Transformer layers (models/features.py `compile_layers`); students that cannot
+    # (MPNet, DeBERTa, the BiLSTM, RefBERT) run eager, with one log line. Off by default: on a 2-core AVX512-BF16
+    # EPYC a compiled step was 6-12% slower than eager (fp32 and bf16; S4-312 and the demo's S3-384), plus ~30 s
+    # of compilation, so it never paid off: 0.81x over a 3-epoch 4k-example run, at equal accuracy
+    # (benchmarks/results/compile). Worth trying on a GPU, where inductor fuses more
+    compile: bool = False
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
     keep_checkpoints: int = Field(1, ge=1)

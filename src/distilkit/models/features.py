@@ -13,6 +13,11 @@ side by side, each with its own position ids from the start and a block-diagonal
 compute goes to padding; what comes back is unpacked to the padded (B, T, ...) shapes, equal on real
 tokens to the padded pass. Families whose attention or positions cannot be told about sequence
 boundaries through a 4-D mask and position ids run padded, with one log line.
+
+Compilation (`compile_layers`, train.compile): each Transformer layer's forward is compiled, one graph for all
+layers and batch shapes. What a call asks for must then not change the layers' hooks (torch.compile guards on
+them): hidden states are read and the pass stopped by hooks on the layers themselves, outside the compiled
+forward; attention scores by a tap registered once on every attention module, switched on per call.
 """
 
 from __future__ import annotations
@@ -227,6 +232,49 @@ def head_logits(output, attention_mask: torch.Tensor | None = None) -> torch.Ten
     return logits if attention_mask is None else logits.masked_fill(attention_mask[:, None, :] == 0, PADDING_SCORE)
 
 
+_SCORES = "_distilkit_scores"  # where an attention module's tap leaves the scores of its last call
+
+
+def _keep_scores(module, args, kwargs, output):
+    """The tap on every attention module: keeps the scores of this call when they are asked for."""
+    if module._distilkit_keep_scores:
+        module.__dict__[_SCORES] = module._distilkit_family.scores(module, call_arguments(module, args, kwargs),
+                                                                   output)
+
+
+def tap_attention_scores(model: nn.Module, layers) -> None:
+    """Asks the attention modules of `layers` (and no others) to keep their scores.
+
+    The taps are registered once per model and stay: torch.compile (`compile_layers`) guards on a module's
+    hooks, so hooks added and removed per call would recompile the layers at every batch."""
+    family = family_of(model)
+    for number in range(1, len(family.layers(model)) + 1):
+        attention = family.attention_module(model, number)
+        if "_distilkit_keep_scores" not in attention.__dict__:
+            attention._distilkit_family = family
+            attention.register_forward_hook(_keep_scores, with_kwargs=True)
+        attention._distilkit_keep_scores = number in layers
+
+
+def compile_layers(model: nn.Module) -> bool:
+    """Compiles each Transformer layer's forward (torch.compile, dynamic shapes): one graph serves every layer
+    and every batch shape. Only the layers, not the whole model: the hooks that read hidden states or stop the
+    pass run around them, per call, and the packing's index arithmetic stays eager. False, with a log line,
+    for families that compute attention themselves (MPNet, DeBERTa), which run eager."""
+    family = family_of(model)
+    if not family.uses_attention_interface:
+        log.warning("compile: %s (%s) runs eager (its attention runs outside the transformers attention "
+                    "interface)", family.name, model.config.model_type)
+        return False
+    if getattr(model, "_distilkit_compiled", False):
+        return True
+    tap_attention_scores(model, ())  # before compiling: the taps are part of what the graphs are guarded on
+    for layer in family.layers(model):
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+    model._distilkit_compiled = True
+    return True
+
+
 def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
                      embedding_delta: torch.Tensor | None = None,
                      inputs_embeds: torch.Tensor | None = None, packed: bool = False) -> Features:
@@ -265,10 +313,6 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
         return lambda module, args, output: features.hidden.__setitem__(
             layer, _layer_output(output) if unpacked else unpack(_layer_output(output)))
 
-    def keep_scores(layer):
-        return lambda module, args, kwargs, output: features.attention.__setitem__(
-            layer, unpack_scores(family.scores(module, call_arguments(module, args, kwargs), output)))
-
     def unpack_output(module, args, output):
         """The encoder's output goes to the heads per sequence: (B, T, D), as in the padded pass."""
         if isinstance(output, tuple):
@@ -290,9 +334,8 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
             hooks.append(family.output_module(model, layer).register_forward_hook(
                 keep_hidden(layer, unpacked=heads_unpacked and layer == n_layers)))
         hooks += family.score_hooks(model, request.attention)
-        for layer in request.attention:
-            hooks.append(family.attention_module(model, layer).register_forward_hook(keep_scores(layer),
-                                                                                     with_kwargs=True))
+        if request.attention:
+            tap_attention_scores(model, request.attention)
         if not request.logits:
             if not asked:
                 return features
@@ -302,7 +345,11 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
             features.logits = head_logits(output, batch["attention_mask"])
         except _Stop:
             pass
+        for layer in request.attention:
+            features.attention[layer] = unpack_scores(family.attention_module(model, layer).__dict__.pop(_SCORES))
     finally:
         for hook in hooks:
             hook.remove()
+        if request.attention:
+            tap_attention_scores(model, ())
     return features

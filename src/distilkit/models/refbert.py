@@ -223,6 +223,10 @@ class RefBERTStudent(TransformerStudent):
         """The reference attention reads the padded batch's mask: this student runs padded."""
         Student.use_packing(self, wanted)
 
+    def compile_layers(self) -> None:
+        """Its first layer's attention reads the references from an attribute set per batch: it runs eager."""
+        Student.compile_layers(self)
+
     def features(self, batch: dict, request: FeatureRequest, **kwargs) -> Features:
         if self.references is None:
             raise RuntimeError("this RefBERT student has no references: train it with method refbert, or load "

@@ -22,7 +22,8 @@ from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelFor
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import FamilyError, family_of, layer_list_prefix
-from distilkit.models.features import Features, FeatureRequest, encoder_features, set_attention_scores
+from distilkit.models.features import Features, FeatureRequest, compile_layers, encoder_features, \
+    set_attention_scores
 from distilkit.models.hub import refused_pickle, resolve_model
 
 METADATA_FILE = "distilkit.json"
@@ -67,6 +68,10 @@ class Student(nn.Module):
         if wanted:
             logging.getLogger(__name__).warning("packing: the %s student runs padded batches", self.kind)
 
+    def compile_layers(self) -> None:
+        """torch.compile where this student can take it (train.compile); other kinds run eager."""
+        logging.getLogger(__name__).warning("compile: the %s student runs eager", self.kind)
+
     def save(self, directory: Path, tokenizer, metadata: dict) -> None:
         raise NotImplementedError
 
@@ -92,6 +97,9 @@ class TransformerStudent(Student):
 
     def use_packing(self, wanted: bool) -> None:
         self.packing = wanted
+
+    def compile_layers(self) -> None:
+        compile_layers(self.model)
 
     def features(self, batch: dict, request: FeatureRequest, embedding_delta=None, inputs_embeds=None) -> Features:
         return encoder_features(self.model, batch, request, embedding_delta=embedding_delta,

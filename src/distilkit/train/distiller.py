@@ -221,6 +221,8 @@ class Distiller:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
         cfg, acc = self.cfg.train, self.accelerator
         torch.manual_seed(cfg.seed)
+        if cfg.compile:
+            self.student.compile_layers()
         module = TrainModule(self.student, self.method)
         optimizer = make_optimizer(module, cfg)
         n_total = total_steps(self.train_data.num_examples, cfg)
