@@ -150,7 +150,8 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
         agreement = _quantize_and_compare(onnx_path, out_path, excluded, feeds, fp32)
         if agreement >= min_agreement:
             break
-    log.info("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
+    # a warning, so the CLI (which configures no logging) shows it too
+    log.warning("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
              "%.1f%% of %s; now agrees on %.2f%%", out_path, ", ".join(kept_fp32), 100 * min_agreement, source,
              100 * agreement)
     return _record(out_path, {"checked": True, "calibration": source, "agreement": agreement,
