@@ -10,7 +10,8 @@ import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from conftest import tiny_bert_config
-from distilkit.export import OnnxStudent, export_onnx, int8_agreement, int8_check, layer_groups, quantize_int8
+from distilkit.export import (OnnxStudent, calibration_feeds, export_onnx, int8_agreement, int8_check, layer_groups,
+                              quantize_int8)
 from distilkit.models.student import write_metadata
 
 TEXTS = ["the film was good", "a dull plot , really", "brilliant acting and a moving ending",
@@ -84,7 +85,7 @@ def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regr
                           atol=1e-5)
 
 
-def test_cli_export_int8_checks_on_the_students_own_training_text(tmp_path, tiny_teacher, glue_dir, monkeypatch):
+def test_cli_export_int8_checks_on_the_dev_text_else_the_training_text(tmp_path, tiny_teacher, glue_dir, monkeypatch):
     from typer.testing import CliRunner
 
     from distilkit.cli import app
@@ -96,10 +97,29 @@ def test_cli_export_int8_checks_on_the_students_own_training_text(tmp_path, tiny
     result = run(app, ["export", str(student), str(tmp_path / "checked"), "--int8"])
     assert result.exit_code == 0, result.output
     check = int8_check(json.loads(result.stdout)["int8"])
-    assert check["checked"] and check["calibration"] == "256 sst2 training sentences"
+    # the task's dev split (32 sentences here) rather than its train split (256)
+    assert check["checked"] and check["calibration"] == "32 sst2 dev sentences"
+    # a task with no dev file falls back to its training text
+    (glue_dir / "glue" / "SST-2" / "dev.tsv").unlink()
+    result = run(app, ["export", str(student), str(tmp_path / "train-checked"), "--int8"])
+    assert result.exit_code == 0, result.output
+    check = int8_check(json.loads(result.stdout)["int8"])
+    assert check["checked"] and check["calibration"] == "256 sst2 train sentences"
     # no data for its task here: int8 is still written, marked unchecked, saying why
     monkeypatch.delenv("DISTILKIT_DATA")
     result = run(app, ["export", str(student), str(tmp_path / "unchecked"), "--int8"])
     assert result.exit_code == 0, result.output
     check = int8_check(json.loads(result.stdout)["int8"])
     assert not check["checked"] and "DISTILKIT_DATA" in check["why_not"]
+
+
+def test_calibration_reads_the_dev_sentences_themselves(tmp_path, tiny_teacher, glue_dir, monkeypatch):
+    student = shutil.copytree(tiny_teacher, tmp_path / "student")
+    write_metadata(student, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
+    monkeypatch.setenv("DISTILKIT_DATA", str(glue_dir))
+    feeds, source = calibration_feeds(student)
+    dev = [line.split("\t")[0] for line in (glue_dir / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    expected = BertTokenizerFast.from_pretrained(student)(dev, padding=True, truncation=True, max_length=32,
+                                                          return_tensors="np")["input_ids"]
+    assert source == "32 sst2 dev sentences" and len(feeds) == 1
+    assert np.array_equal(feeds[0]["input_ids"], expected)
