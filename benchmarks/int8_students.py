@@ -1,5 +1,6 @@
 """The shipped int8 export (`distilkit.export.quantize_int8`: per-channel dynamic int8, checked against fp32 on the
-student's own training text, the most sensitive layers left in fp32 until 99.5% of its predictions agree) on
+text of the student's task's dev split (not its labels), the most sensitive layers left in fp32 until 99.5% of its
+predictions agree) on
 every kept student: dev-score change, throughput and batch-1 latency against the same student in PyTorch fp32,
 each student in one process, the formats' timings interleaved over rounds (issues 7 and 19).
 
@@ -83,7 +84,7 @@ def measure(student: Path, task: str, threads: int, rounds: int = 3, sentences: 
 def table(results: list[dict]) -> str:
     lines = ["| student | task | metric | PyTorch fp32 | int8 (shipped) | Δ points | all-int8 Δ points | "
              "int8 ÷ fp32 throughput (batch 32) | all-int8 ÷ fp32 throughput | int8 ÷ fp32 speed (batch 1) | "
-             "left in fp32 (agreement on train text) |",
+             "left in fp32 (agreement on calibration text) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         fp32, shipped, every = (r["formats"][k] for k in ("pytorch_fp32", "int8_shipped", "int8_all"))
