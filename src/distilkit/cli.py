@@ -196,7 +196,9 @@ def similarity(model: Annotated[str, typer.Argument(help="a saved BiLSTM student
 def export(model: Annotated[Path, typer.Argument(help="a saved student folder")],
            destination: Annotated[Path, typer.Argument(help="new folder for the deployable model")],
            onnx: Annotated[bool, typer.Option(help="also write model.onnx (checked against PyTorch)")] = False,
-           int8: Annotated[bool, typer.Option(help="also write a dynamic int8 ONNX model")] = False) -> None:
+           int8: Annotated[bool, typer.Option(help="also write a dynamic int8 ONNX model, checked against fp32 on "
+                                                   "the task's dev text (not its labels), else its train text")] = False
+           ) -> None:
     """Save a student for deployment: HF folder + tokenizer, optionally ONNX and int8 ONNX."""
     from distilkit.export import export as do_export
 
