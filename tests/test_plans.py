@@ -158,18 +158,18 @@ def test_the_demo_plan_end_to_end_on_tiny_data(tmp_path, tiny_base_model, glue_d
             "cells.1.set.student.layers=2", "defaults.data.max_train_examples=64", "defaults.data.max_length=32",
             "defaults.train.max_steps=4", 'defaults.train.mixed_precision="no"']
     summary = run_demo(str(glue_dir), tmp_path / "demo", "fast", tiny)
-    assert launched == ["teacher", "student-kd", "student-finetune"]
-    assert set(summary["models"]) == {"teacher", "student-kd", "student-finetune"}
-    kd = summary["models"]["student-kd"]
-    assert kd["params"] < summary["models"]["teacher"]["params"] and kd["speed"]["speedup"]["latency_1_thread"] > 0
+    assert launched == ["teacher", "student-tinybert", "student-finetune"]
+    assert set(summary["models"]) == {"teacher", "student-tinybert", "student-finetune"}
+    distilled = summary["models"]["student-tinybert"]
+    assert distilled["params"] < summary["models"]["teacher"]["params"] and distilled["speed"]["speedup"]["latency_1_thread"] > 0
     assert json.loads((tmp_path / "demo" / "summary.json").read_text()) == summary
-    teacher = yaml.safe_load((tmp_path / "demo" / "student-kd" / "config.yaml").read_text())["teacher"]["model"]
+    teacher = yaml.safe_load((tmp_path / "demo" / "student-tinybert" / "config.yaml").read_text())["teacher"]["model"]
     assert teacher == str(tmp_path / "demo" / "teacher" / "best")
 
     launched.clear()  # another students' seed reuses the teacher
     run_demo(str(glue_dir), tmp_path / "demo", "fast", tiny, seed=3)
-    assert launched == ["student-kd", "student-finetune"]
-    assert yaml.safe_load((tmp_path / "demo" / "student-kd" / "config.yaml").read_text())["train"]["seed"] == 3
+    assert launched == ["student-tinybert", "student-finetune"]
+    assert yaml.safe_load((tmp_path / "demo" / "student-tinybert" / "config.yaml").read_text())["train"]["seed"] == 3
 
 
 def test_cli_bench_reports_bad_plans(tmp_path):

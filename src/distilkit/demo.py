@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 BUDGETS = {"fast": [], "full": ["defaults.data.max_train_examples=null"]}
-NAMES = {"teacher": "T6 teacher", "student-kd": "S3-384 KD", "student-finetune": "S3-384 labels"}
+NAMES = {"teacher": "T6 teacher", "student-tinybert": "S3-384 TinyBERT", "student-finetune": "S3-384 labels"}
 
 
 def demo_overrides(data: str | None, output: Path, budget: str, seed: int | None = None) -> list[str]:

@@ -15,7 +15,10 @@ The label term is on by default (hard_weight 1 wherever the training set has gol
 unlabeled corpus or a teacher-labelled augmented set): without it the student learns only its teacher's
 mistakes. On the demo's budget (SST-2 8k, S3-384) soft labels alone lost to labels-only training with a
 1-epoch teacher (0.8135 vs 0.8234) and lost at one seed of three with a 2-epoch one; with the label term
-KD beat labels-only at every seed (benchmarks/results/demo-study, benchmarks/results/demo-kd).
+KD beat labels-only at every seed (benchmarks/results/demo-study, benchmarks/results/demo-kd; length-bucketed
+batches). With random packed batches (the default since) KD is level with labels only there (+0.0 ± 0.7
+points, whatever the temperature, soft weight or objective: benchmarks/results/demo-study2), and the demo
+distils with TinyBERT instead.
 
 Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
 softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
