@@ -354,7 +354,7 @@ def demo(data: Annotated[str | None, typer.Option(help="data folder holding glue
          budget: Annotated[str, typer.Option(help="fast: capped SST-2, < 10 min on 2 cores; full: all of SST-2")] = "fast",
          seed: Annotated[int | None, typer.Option(help="the students' training seed (the teacher is shared)")] = None,
          set_: SetOpt = None) -> None:
-    """End to end on SST-2: fine-tune the MiniLM teacher, distil it with KD into S3-384, compare.
+    """End to end on SST-2: fine-tune the MiniLM teacher, distil it into S3-384 (TinyBERT), train it on labels only, compare.
     Runs the shipped plan `demo` (--set changes its fields), then times the three models side by side."""
     from distilkit.demo import run_demo
 
