@@ -266,14 +266,10 @@ def _quantize(onnx_path: Path, out_path: Path, excluded: list[str]) -> None:
 
 
 def _run(onnx_path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (ONNX Runtime would take them all)
-        options.intra_op_num_threads = len(os.sched_getaffinity(0))
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
-    return np.concatenate([session.run(["logits"], {k: v for k, v in feed.items() if k in names})[0]
+    # the cores this process may run on (ONNX Runtime would take them all)
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    student = OnnxStudent(onnx_path, threads)
+    return np.concatenate([student.session.run(["logits"], {k: v for k, v in feed.items() if k in student.input_names})[0]
                            for feed in feeds])
 
 
