@@ -269,7 +269,8 @@ def _run(onnx_path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
     # the cores this process may run on (ONNX Runtime would take them all)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     student = OnnxStudent(onnx_path, threads)
-    return np.concatenate([student.session.run(["logits"], {k: v for k, v in feed.items() if k in student.input_names})[0]
+    names = set(student.input_names)
+    return np.concatenate([student.session.run(["logits"], {k: v for k, v in feed.items() if k in names})[0]
                            for feed in feeds])
 
 
