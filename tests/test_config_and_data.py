@@ -4,8 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from distilkit.config import ConfigError, load_config
+from distilkit.config import ConfigError, dump_config, load_config, same_config
 from distilkit.data.dataset import LengthBucketBatchSampler
 from distilkit.data.readers import DataError, read_table, read_tsv
 from distilkit.data.tasks import GLUE_TASKS, glue_task
@@ -55,6 +56,18 @@ def test_overrides_parse_yaml_values():
     config = load_config(None, ["train.epochs=0.5", "eval.splits=[dev]", "student.init=pretrained",
                                 "student.pretrained=x"])
     assert config.train.epochs == 0.5 and config.eval.splits == ["dev"]
+
+
+def test_a_saved_config_without_a_field_added_since_is_the_same_run_and_a_changed_value_is_not():
+    resolved = dump_config(load_config(overrides=["task.name=sst2", "teacher.model=t"]))
+    older = yaml.safe_load(resolved)
+    del older["train"]["compile"]  # written before the field existed
+    assert same_config(yaml.safe_dump(older, sort_keys=False), resolved)
+    older["train"]["epochs"] = 1.0
+    assert not same_config(yaml.safe_dump(older, sort_keys=False), resolved)
+    older["train"]["gone"] = 1  # a field since removed: another run
+    assert not same_config(yaml.safe_dump(older), resolved)
+    assert not same_config("train: [", resolved)
 
 
 def test_unknown_task_is_refused():

@@ -86,6 +86,14 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     assert launched == []  # nothing trained again
     assert {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()} == before
 
+    # a run written by an older distilkit, before a field existed (at its default), is the same run
+    saved = tmp_path / "plan" / "task-kd" / "config.yaml"
+    older = yaml.safe_load(saved.read_text())
+    del older["train"]["compile"]
+    saved.write_text(yaml.safe_dump(older, sort_keys=False))
+    Plans(load_plan(path)).run()
+    assert launched == []
+
     plan["cells"][1]["axes"]["method"]["kd"]["train"] = {"max_steps": 2}  # one cell's config changes
     Plans(load_plan(write(tmp_path, plan))).run()
     assert launched == ["task-kd"]

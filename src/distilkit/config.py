@@ -422,3 +422,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_config(config: ExperimentConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def same_config(saved: str, resolved: str) -> bool:
+    """Whether a run's saved config.yaml asks for the run `resolved` (a dump_config text) asks for.
+
+    The saved text is read with today's schema, so a field added since it was written takes its default:
+    an upgrade of distilkit does not retrain or refuse every finished run. This holds because a new field
+    defaults to the behaviour from before it existed; a changed default is a different value in the saved
+    text, and that run is redone."""
+    if saved == resolved:
+        return True
+    try:
+        return dump_config(build_config(yaml.safe_load(saved) or {})) == resolved
+    except (ConfigError, yaml.YAMLError):
+        return False

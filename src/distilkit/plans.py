@@ -39,7 +39,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from distilkit.config import ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config
+from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
+                              same_config)
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError
 
@@ -267,7 +268,7 @@ class Plans:
         if not metrics.is_file():
             return False
         saved = cell.dir / "config.yaml"
-        if not saved.is_file() or saved.read_text() != dump_config(cell.config):
+        if not saved.is_file() or not same_config(saved.read_text(), dump_config(cell.config)):
             return False
         done_at = metrics.stat().st_mtime
         return all((self.cell(u).dir / "metrics.json").stat().st_mtime <= done_at for u in cell.upstream)
@@ -281,7 +282,7 @@ class Plans:
         if self.finished(cell):
             return json.loads(metrics.read_text())
         saved = cell.dir / "config.yaml"
-        if metrics.is_file() or (saved.is_file() and saved.read_text() != dump_config(cell.config)):
+        if metrics.is_file() or (saved.is_file() and not same_config(saved.read_text(), dump_config(cell.config))):
             aside = cell.dir.with_name(f"{cell.dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(cell.dir), str(aside))
             print(f"[plan] {cell.name}: config or inputs changed; earlier run moved to {aside}", file=sys.stderr)

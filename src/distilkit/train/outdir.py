@@ -19,6 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from distilkit.config import same_config
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
@@ -69,7 +70,7 @@ class OutputDir:
                            "distilkit writes only into an empty folder or one of its own runs: choose another "
                            "output.dir")
         finished = (out / "metrics.json").is_file()
-        if finished or (out / CONFIG_FILE).read_text() != self.resolved_config:
+        if finished or not same_config((out / CONFIG_FILE).read_text(), self.resolved_config):
             if not self.overwrite:
                 what = "a finished run" if finished else "an unfinished run with a different config"
                 raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
