@@ -79,6 +79,21 @@ def test_masked_lm_checkpoint_loads_with_its_head(masked_lm_teacher):
     torch.testing.assert_close(teacher.mlm.logits(hidden), reference(input_ids=ids).logits)
 
 
+def test_masked_lm_architecture_without_head_weights_is_treated_as_headless(tmp_path, masked_lm_teacher, caplog):
+    """all-mpnet-base-v2 names MPNetForMaskedLM but ships only the encoder: its head would load random."""
+    BertModel.from_pretrained(masked_lm_teacher).save_pretrained(tmp_path)  # the encoder's weights only
+    BertTokenizerFast.from_pretrained(masked_lm_teacher).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    with caplog.at_level(logging.WARNING, logger="distilkit.models.teacher"):
+        teacher = Teacher(str(tmp_path))
+    assert "no weights for cls.predictions" in caplog.text and "fit-mlm-head" in caplog.text
+    assert teacher.mlm.source == "tied projection"
+    ids = torch.tensor([[2, 7, 9, 3]])  # the encoder itself did load
+    torch.testing.assert_close(teacher.model(input_ids=ids).last_hidden_state,
+                               BertModel.from_pretrained(masked_lm_teacher)(input_ids=ids).last_hidden_state)
+
+
 def test_headless_teacher_falls_back_to_the_tied_projection_and_says_so(tiny_base_model, caplog):
     teacher = Teacher(str(tiny_base_model))
     with caplog.at_level(logging.WARNING, logger="distilkit.models.mlm"):

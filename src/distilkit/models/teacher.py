@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import pickle
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from distilkit.models.features import Features, FeatureRequest, encoder_features
 from distilkit.models.hub import refused_pickle, resolve_model
 from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device
+
+log = logging.getLogger(__name__)
 
 
 # a head named in config.architectures -> the Auto class that loads the model with it
@@ -44,9 +47,16 @@ class Teacher:
         try:
             if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
                 # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
-                masked_lm = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+                masked_lm, loaded = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code,
+                                                                         output_loading_info=True)
                 masked_lm.eval().to(device).requires_grad_(False)
                 self.model = masked_lm.base_model
+                untrained = sorted(k for k in loaded["missing_keys"] if not k.startswith(masked_lm.base_model_prefix))
+                if untrained:  # the architecture names an MLM head the checkpoint has no weights for (mpnet-base)
+                    log.warning("teacher %s names %s but its checkpoint has no weights for %s: its MLM head "
+                                "would be random, so it is not used (fit one: distilkit fit-mlm-head)",
+                                name_or_path, config.architectures[0], ", ".join(untrained))
+                    masked_lm = None
             else:
                 loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
                 self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
