@@ -1,0 +1,66 @@
+"""How much of Text Smoothing's MLM distribution sits on the input word itself, on unmasked text as the method
+reads it: the share of the original word in a smoothed token is λ + (1 − λ)·p(self).
+
+    python benchmarks/text_smoothing_self.py SMOOTHING_TEACHER:T [...] [--sentences 256] [--out FILE]
+    e.g. minilm-l6:1 minilm-l6:0.2 benchmarks/work/teachers/minilm-l6-mlm:1   (reads $DISTILKIT_DATA's SST-2 dev)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from distilkit.data.readers import read_tsv, resolve_data_dir
+from distilkit.data.tasks import glue_task
+from distilkit.machine import environment
+from distilkit.models.student import load_tokenizer
+from distilkit.models.teacher import Teacher
+
+
+def self_probability(teacher: Teacher, texts: list[str], temperature: float, top_k: int) -> dict:
+    tokenizer = load_tokenizer(teacher.path)
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
+    full = renormalised = in_top = tokens = 0.0
+    for start in range(0, len(texts), 32):
+        batch = tokenizer(texts[start:start + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = teacher.model(**batch).last_hidden_state
+            probs = teacher.mlm.distribution(hidden, temperature)
+            top_ids, top_probs = teacher.mlm.top_k(hidden, top_k, temperature)
+        ids = batch["input_ids"]
+        words = (batch["attention_mask"] == 1) & ~torch.isin(ids, special)  # the positions that are smoothed
+        hit = top_ids == ids.unsqueeze(-1)
+        full += probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)[words].sum().item()
+        renormalised += (top_probs * hit).sum(-1)[words].sum().item()
+        in_top += hit.any(-1)[words].sum().item()
+        tokens += words.sum().item()
+    return {"source": teacher.mlm.source, "temperature": temperature, "tokens": int(tokens),
+            "p_self": full / tokens, f"p_self_top{top_k}": renormalised / tokens, f"self_in_top{top_k}": in_top / tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("teachers", nargs="+", help="MODEL:TEMPERATURE")
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--top-k", type=int, default=32)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dev = resolve_data_dir(None) / "glue" / "SST-2" / "dev.tsv"
+    texts = [example.texts[0] for example in read_tsv(glue_task("sst2"), dev)][:args.sentences]
+    results = []
+    for spec in args.teachers:
+        model, temperature = spec.rsplit(":", 1)
+        results.append({"teacher": model, **self_probability(Teacher(model), texts, float(temperature), args.top_k)})
+        print(json.dumps(results[-1]), flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"sentences": len(texts), "text": "glue/SST-2/dev.tsv",
+                                              "environment": environment(), "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
