@@ -11,7 +11,8 @@ the shared machine's load falls on all alike; the first `--warmup` steps are not
 apart: with `train.compile` it is the compilation). Only speed is measured (the teacher's head is untrained unless
 --teacher names a fine-tuned one); every arm's loss per step is recorded, to compare the curves.
 `--job demo` times the README demo's student instead: S3-384 with layers 1, 3, 5 of the T6 teacher, Hinton KD
-(T=2), max length 128.
+(T=2), max length 128. `--job squad` times the squad plan's teacher run: all-MiniLM-L6-v2 fine-tuned on SQuAD v1.1
+windows of 384 tokens (stride 128), labels only.
 
     python benchmarks/profile_step.py --steps 30 --arms padded-random packed-random padded-bucketed
     python benchmarks/profile_step.py --threads 1 --arms packed-random-fused packed-random-fused-compile \
@@ -52,6 +53,8 @@ ARMS = {
     "packed-random-foreach": (True, 1, "foreach", "no", None, False),
     "packed-random-fused": (True, 1, "fused", "no", None, False),
     "packed-random-fused-bf16": (True, 1, "fused", "bf16", None, False),
+    "padded-random-fused-bf16": (False, 1, "fused", "bf16", None, False),
+    "padded-bucketed-fused-bf16": (False, 50, "fused", "bf16", None, False),
     "packed-random-fused-compile": (True, 1, "fused", "no", None, True),
     "packed-random-fused-bf16-compile": (True, 1, "fused", "bf16", None, True),
 }
@@ -59,6 +62,15 @@ PHASES = ("batch", "teacher", "forward", "sync", "backward", "clip", "optimizer"
 
 
 def job_config(args, bucket_batches: int) -> dict:
+    if args.job == "squad":
+        return {"task": {"name": "squad", "doc_stride": 128},
+                "data": {"dir": args.data, "max_length": 384, "max_train_examples": args.examples,
+                         "bucket_batches": bucket_batches},
+                "student": {"init": "pretrained", "pretrained": "minilm-l6"},
+                "method": {"name": "finetune"},
+                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
+                          "threads": args.threads},
+                "output": {"dir": "/tmp/unused"}}
     if args.job == "demo":
         return {"task": {"name": "sst2"},
                 "data": {"dir": args.data, "max_length": 128, "max_train_examples": args.examples,
@@ -143,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["padded-random", "packed-random", "padded-bucketed"],
                         choices=list(ARMS))
-    parser.add_argument("--job", choices=["vs-textbrewer", "demo"], default="vs-textbrewer")
+    parser.add_argument("--job", choices=["vs-textbrewer", "demo", "squad"], default="vs-textbrewer")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--examples", type=int, default=4000)
