@@ -120,6 +120,27 @@ def test_report_from_fixture_records(tmp_path):
 
 
 
+def test_a_speed_plan_renders_its_own_tables_under_the_speed_report(tmp_path):
+    from types import SimpleNamespace
+
+    from distilkit.evaluate.report import render_plan_report
+
+    records = {}
+    for method, scores in (("finetune", (0.80, 0.82)), ("kd", (0.84, 0.85))):
+        for seed, value in zip((42, 1), scores):
+            name = f"sst2-{method}-S3-384" + ("" if seed == 42 else f"-seed{seed}")
+            records[name] = {**fixture_record(method, "S3-384", value, value, 6.0), "cell": name, "seed": seed,
+                             "best": {"metric": "accuracy", "score": value}, "best_dev": {"accuracy": value}}
+    report = SimpleNamespace(title="Seeds", notes=["A note."], tables=[
+        {"kind": "paired", "caption": "KD vs labels:", "columns": ["labels", "kd"], "metrics": ["accuracy"],
+         "rows": {"kd": ["sst2-finetune-S3-384", "sst2-kd-S3-384"]}}])
+    plan = SimpleNamespace(name="p", results=str(tmp_path), speed=SimpleNamespace(), report=report)
+    text = render_plan_report(plan, records, dict.fromkeys(records), "distilkit bench p").read_text()
+    assert "## sst2" in text and "Speed:" in text  # the speed report
+    assert "## Seeds" in text and "| kd | 42, 1 |" in text and "+3.5 ± 0.7 | +4.0, +3.0 |" in text
+    assert text.rstrip().endswith("A note.")
+
+
 def test_paired_gains_are_points_for_glue_fractions_and_squad_percentages(tmp_path):
     from distilkit.evaluate.report import paired_table
 

@@ -82,7 +82,7 @@ class SpeedSettings(StrictModel):
 
 class ReportSettings(StrictModel):
     title: str
-    tables: list[dict[str, Any]] = Field(default_factory=list)  # see evaluate/report.py: render_tables
+    tables: list[dict[str, Any]] = Field(default_factory=list)  # see evaluate/report.py: plan_tables
     notes: list[str] = Field(default_factory=list)  # paragraphs placed after the tables
 
 
