@@ -12,7 +12,8 @@ apart: with `train.compile` it is the compilation). Only speed is measured (the 
 --teacher names a fine-tuned one); every arm's loss per step is recorded, to compare the curves.
 `--job demo` times the README demo's student instead: S3-384 with layers 1, 3, 5 of the T6 teacher, Hinton KD
 (T=2), max length 128. `--job squad` times the squad plan's teacher run: all-MiniLM-L6-v2 fine-tuned on SQuAD v1.1
-windows of 384 tokens (stride 128), labels only.
+windows of 384 tokens (stride 128), labels only. An arm named `...-noattndrop` trains without attention dropout
+(BERT's attention modules), which lets SDPA run its fused kernel in training instead of the math one.
 
     python benchmarks/profile_step.py --steps 30 --arms padded-random packed-random padded-bucketed
     python benchmarks/profile_step.py --threads 1 --arms packed-random-fused packed-random-fused-compile \
@@ -54,6 +55,7 @@ ARMS = {
     "packed-random-fused": (True, 1, "fused", "no", None, False),
     "packed-random-fused-bf16": (True, 1, "fused", "bf16", None, False),
     "padded-random-fused-bf16": (False, 1, "fused", "bf16", None, False),
+    "packed-random-fused-bf16-noattndrop": (True, 1, "fused", "bf16", None, False),
     "padded-bucketed-fused-bf16": (False, 50, "fused", "bf16", None, False),
     "packed-random-fused-compile": (True, 1, "fused", "no", None, True),
     "packed-random-fused-bf16-compile": (True, 1, "fused", "bf16", None, True),
@@ -102,6 +104,10 @@ class Arm:
         self.module.student.use_packing(self.packing)
         if compiled:
             self.module.student.compile_layers()
+        if name.endswith("-noattndrop"):  # attention dropout off: SDPA may take its fused kernel in training
+            for module in self.module.modules():
+                if type(module).__name__.endswith("SelfAttention"):
+                    module.dropout.p = 0.0
         self.module.train()
         options = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[optimizer]
         self.optimizer = torch.optim.AdamW(_param_groups(self.module, 0.01), lr=5e-4, **options)
