@@ -237,6 +237,15 @@ def test_text_smoothing_kd_needs_a_fine_tuned_teacher(tmp_path, glue_dir, tiny_b
         build_run(config)
 
 
+def test_text_smoothing_refuses_to_smooth_with_a_fine_tuned_teacher_without_mlm_head(tmp_path, glue_dir, tiny_teacher):
+    from distilkit.run import build_run
+
+    config = _config(glue_dir, tmp_path / "x", tiny_teacher, method={"name": "text_smoothing"})
+    with pytest.raises(ValueError, match="is fine-tuned .* no MLM head.*method.smoothing_teacher.*fit-mlm-head"):
+        build_run(config)
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
 def test_cli_refbert_trains_saves_and_predicts_without_teacher(tmp_path, glue_dir, tiny_teacher):
     out = tmp_path / "ref"
     student = ["--set", "student.kind=refbert", "--set", "student.init=random", "--set", "student.layers=2",

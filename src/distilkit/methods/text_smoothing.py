@@ -12,7 +12,9 @@ teacher's embeddings and first n layers (student.layer_selection: first, the pap
 The paper smooths with a teacher that is not fine-tuned (teacher.model: minilm-l6). `kd_weight` > 0
 adds Hinton's soft-label term T²·KL (the combination of smoothed texts and smoothed labels the paper
 leaves to future work); it needs a fine-tuned teacher.model, and then `smoothing_teacher: minilm-l6`
-keeps the MLM step on the base model (a fine-tuned classifier's last layer no longer predicts words).
+keeps the MLM step on the base model. A fine-tuned teacher without an MLM head is refused as the
+smoothing teacher: its last layer no longer predicts words, and its tied projection would smooth with
+near-uniform noise.
 
 The smoothing teacher reads the unchanged training set, so its MLM top-k (ids int32, probabilities
 float16) is computed once before training and kept in the teacher cache; a step only mixes in λ.
@@ -21,6 +23,7 @@ float16) is computed once before training and kept in the teacher cache; a step 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -31,7 +34,7 @@ from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
-from distilkit.models.student import load_tokenizer
+from distilkit.models.student import load_tokenizer, read_metadata
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache
 from distilkit.train.preflight import check_same_vocabulary
@@ -82,6 +85,13 @@ class TextSmoothing(Method):
             check_same_vocabulary(load_tokenizer(ctx.teacher.path), load_tokenizer(teacher.path), ctx.teacher.name,
                                   params.smoothing_teacher, role="smoothing teacher",
                                   fix="set method.smoothing_teacher to a model with the teacher's tokenizer")
+        if teacher.has_head and teacher.mlm.source == "tied projection":
+            base = read_metadata(Path(teacher.path)).get("base_model")
+            raise ValueError(f"text_smoothing smooths with an MLM distribution, but {teacher.name} is fine-tuned "
+                             f"({teacher.head}) and has no MLM head: its last layer no longer predicts words. Set "
+                             f"method.smoothing_teacher to the model it was fine-tuned from"
+                             + (f" ({base})" if base else "") + ", with its MLM head or one fitted by "
+                             "`distilkit fit-mlm-head`")
         if not hasattr(student, "word_embeddings"):
             raise ValueError(f"text_smoothing feeds soft word ids through the student's word embeddings; a "
                              f"{student.kind!r} student has none: use student.kind=transformer")
