@@ -27,7 +27,7 @@ def self_probability(teacher: Teacher, texts: list[str], temperature: float, top
     for start in range(0, len(texts), 32):
         batch = tokenizer(texts[start:start + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
         with torch.inference_mode():
-            hidden = teacher.model(**batch).last_hidden_state
+            hidden = teacher.model.base_model(**batch).last_hidden_state  # a classifier: below its head
             probs = teacher.mlm.distribution(hidden, temperature)
             top_ids, top_probs = teacher.mlm.top_k(hidden, top_k, temperature)
         ids = batch["input_ids"]
