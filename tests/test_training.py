@@ -159,6 +159,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     (tmp_path / "crashed" / "checkpoints" / ".step-00000012.999.tmp").mkdir()
     resumed = run_experiment(build_config(config))
     assert resumed["steps"] == 64
+    assert not (tmp_path / "crashed" / "checkpoints").exists()  # finished: the resume state is not kept
     whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     again = load_file(tmp_path / "crashed" / "final" / "model.safetensors")
     assert all(torch.equal(whole[k], again[k]) for k in whole), "resumed weights differ from the uninterrupted run"

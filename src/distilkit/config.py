@@ -262,7 +262,7 @@ class TrainConfig(StrictModel):
     compile: bool = False
     seed: int = 42
     checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
-    keep_checkpoints: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(1, ge=1)  # while the run is unfinished; a finished run removes them
     log_every: int = Field(10, ge=1)
     # where loss terms and eval metrics go besides log.jsonl (Accelerate trackers; see train/tracking.py)
     report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=lambda: ["tensorboard"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -322,5 +323,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     if teacher_check:
         metrics["teacher_check"] = teacher_check
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    # a finished run is never resumed: its checkpoints (weights + optimizer state, ~3x the model) only take disk
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     share_students(out, config, metrics)
     return metrics
