@@ -48,7 +48,7 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
         assert "```yaml" in card.text and "method:" in card.text  # the config that made it
     assert set(metrics["teacher_scores"]) == set(metrics["final"])  # the teacher scored on the same dev data
     speed = metrics["dev_throughput"]
-    assert speed["student"] > 0 and speed["teacher"] > 0
+    assert speed["student"] > 0 and speed["teacher"] > 0 and 0 < speed["examples"] <= 512
     card = ModelCard.load(out / "final" / "README.md")
     assert f"{metrics['teacher_scores']['dev']['accuracy']:.4f}" in card.text
     assert f"{metrics['params']['total']:,}" in card.text
@@ -110,3 +110,18 @@ def test_version_is_the_installed_package_version():
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output.strip() == f"distilkit {version('distilkit')}"
+
+
+def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():
+    from distilkit.evaluate.against_teacher import EvenSample
+
+    class Dev(list):
+        lengths = [5 + i % 7 for i in range(1000)]
+
+        def collate(self, items):
+            return items
+
+    sample = EvenSample(Dev(range(1000)), 300)  # every 3rd example, cut at 300
+    assert len(sample) == 300 and sample[0] == 0 and sample[1] == 3 and sample[299] == 897
+    assert list(sample.lengths[:3]) == [5, 8, 11] and sample.collate([1]) == [1]
+    assert len(EvenSample(Dev(range(10)), 512)) == 10  # a small dev set is timed whole

@@ -122,7 +122,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
                   f"- parameters: {p['total']:,} ({p['without_embeddings']:,} without embeddings)"]
         speed = metrics.get("dev_throughput")
         if speed:
-            lines.append(f"- dev-set throughput on {speed['split']}, batch {speed['batch_size']}, "
+            sample = f" ({speed['examples']} evenly spaced examples)" if "examples" in speed else ""
+            lines.append(f"- dev-set throughput on {speed['split']}{sample}, batch {speed['batch_size']}, "
                          f"{speed['threads']} threads, measured one after the other in the training process: "
                          f"student {speed['student']} sentences/s, teacher {speed['teacher']} sentences/s "
                          f"({speed['student'] / speed['teacher']:.2f}×)")
