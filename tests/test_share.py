@@ -125,3 +125,29 @@ def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():
     assert len(sample) == 300 and sample[0] == 0 and sample[1] == 3 and sample[299] == 897
     assert list(sample.lengths[:3]) == [5, 8, 11] and sample.collate([1]) == [1]
     assert len(EvenSample(Dev(range(10)), 512)) == 10  # a small dev set is timed whole
+
+
+def test_teacher_scores_are_kept_by_teacher_tokens_and_gold_labels(tiny_teacher, tmp_path, monkeypatch):
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.readers import Example
+    from distilkit.evaluate import against_teacher
+    from distilkit.models.student import load_tokenizer
+    from distilkit.data.tasks import glue_task
+    from distilkit.models.teacher import Teacher
+
+    task = glue_task("sst2")
+    teacher, tokenizer = Teacher(str(tiny_teacher), task), load_tokenizer(str(tiny_teacher))
+    texts = ["the film was good", "a dull and boring plot", "it is lovely", "not for me"]
+
+    def dev(labels):
+        return {"dev": TokenizedDataset([Example(texts=(t,), label=y) for t, y in zip(texts, labels)],
+                                        tokenizer, 16)}
+
+    first = against_teacher.teacher_scores(teacher, dev([1, 0, 1, 0]), task, 2, tmp_path)
+    assert len(list((tmp_path / "teacher-scores").glob("*.json"))) == 1
+    scored = []
+    real = against_teacher.evaluate_splits
+    monkeypatch.setattr(against_teacher, "evaluate_splits", lambda *a, **k: scored.append(1) or real(*a, **k))
+    assert against_teacher.teacher_scores(teacher, dev([1, 0, 1, 0]), task, 2, tmp_path) == first and not scored
+    flipped = against_teacher.teacher_scores(teacher, dev([0, 1, 0, 1]), task, 2, tmp_path)  # other gold labels
+    assert scored == [1] and flipped["dev"]["accuracy"] == pytest.approx(1 - first["dev"]["accuracy"])

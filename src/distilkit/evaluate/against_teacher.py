@@ -6,8 +6,12 @@ own process, one model after the other, so the two throughputs compare.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,10 +64,34 @@ def labeled_splits(teacher, eval_data: dict, task) -> dict:
     return {split: data for split, data in eval_data.items() if getattr(data, "labels", None) is not None}
 
 
-def teacher_scores(teacher, eval_data: dict, task, batch_size: int) -> dict:
-    """The teacher's scores on the run's own eval data ({} when it cannot be scored)."""
+def teacher_scores(teacher, eval_data: dict, task, batch_size: int, cache_dir: Path | None = None) -> dict:
+    """The teacher's scores on the run's own eval data ({} when it cannot be scored).
+
+    Kept under `cache_dir` by what decides them (the teacher's weights, the tokens and gold answers of each split,
+    the task's scoring settings): every student of a plan shares one teacher and dev set, and scoring a teacher
+    on SQuAD's full dev took ~6 min per student run."""
     labeled = {split: data.teacher_reads for split, data in labeled_splits(teacher, eval_data, task).items()}
-    return evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size) if labeled else {}
+    if not labeled:
+        return {}
+    path = None if cache_dir is None else \
+        Path(cache_dir) / "teacher-scores" / f"{_scores_key(teacher, labeled, task)}.json"
+    if path is not None and path.is_file():
+        return json.loads(path.read_text())
+    scores = evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+        partial.write_text(json.dumps(scores, indent=1))
+        partial.replace(path)  # a reader never sees half a file
+    return scores
+
+
+def _scores_key(teacher, labeled: dict, task) -> str:
+    digest = hashlib.sha256(f"{teacher.fingerprint()}|{task!r}".encode())
+    for split, data in sorted(labeled.items()):
+        digest.update(f"|{split}|{data.fingerprint()}|".encode())
+        digest.update(repr(data.examples).encode())  # gold labels and answers: not in the token fingerprint
+    return digest.hexdigest()[:32]
 
 
 def constant_baseline(task, labels: np.ndarray) -> tuple[str, dict[str, float]]:
