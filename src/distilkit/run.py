@@ -282,7 +282,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
 
     # the teacher scored before training, so a weak one is said before any time is spent on it
     scored = teacher_scores(run.teacher, run.eval_data, run.task, config.eval.batch_size,
-                            cache_root(config.teacher.cache_dir)) \
+                            cache_root(config.teacher.cache_dir) if config.teacher.cache else None) \
         if accelerator.is_main_process and len(run.teachers) == 1 else {}
     teacher_check = check_teacher(scored, run.eval_data, run.task)
 
