@@ -1,4 +1,4 @@
-"""`distilkit finetune | distill | evaluate | export | push | predict | submit | bench | demo | smooth-samples`."""
+"""`distilkit finetune | distill | evaluate | export | push | predict | submit | similarity | fit-mlm-head | bench | demo | smooth-samples`."""
 
 from __future__ import annotations
 

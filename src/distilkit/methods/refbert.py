@@ -1,4 +1,4 @@
-"""RefBERT (Zhang et al.), "RefBERT: Compressing BERT by Referencing to Pre-computed Representations",
+"""RefBERT (Wang et al.), "RefBERT: Compressing BERT by Referencing to Pre-computed Representations",
 task-specific distillation.
 
 Before training (eq. 12): every training example x is paired by BM25 with its most similar other
