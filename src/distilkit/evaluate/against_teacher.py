@@ -65,7 +65,8 @@ def labeled_splits(teacher, eval_data: dict, task) -> dict:
 
 
 def teacher_scores(teacher, eval_data: dict, task, batch_size: int, cache_dir: Path | None = None) -> dict:
-    """The teacher's scores on the run's own eval data ({} when it cannot be scored).
+    """The teacher's scores on the run's own eval data ({} when it cannot be scored), in the precision the run
+    reads the teacher in, as the student is scored in its training precision.
 
     Kept under `cache_dir` by what decides them (the teacher's weights, the tokens and gold answers of each split,
     the task's scoring settings): every student of a plan shares one teacher and dev set, and scoring a teacher
@@ -77,7 +78,7 @@ def teacher_scores(teacher, eval_data: dict, task, batch_size: int, cache_dir: P
         Path(cache_dir) / "teacher-scores" / f"{_scores_key(teacher, labeled, task)}.json"
     if path is not None and path.is_file():
         return json.loads(path.read_text())
-    scores = evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size)
+    scores = evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size, teacher.mixed_precision)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.tmp.{os.getpid()}")
@@ -87,7 +88,7 @@ def teacher_scores(teacher, eval_data: dict, task, batch_size: int, cache_dir: P
 
 
 def _scores_key(teacher, labeled: dict, task) -> str:
-    digest = hashlib.sha256(f"{teacher.fingerprint()}|{task!r}".encode())
+    digest = hashlib.sha256(f"{teacher.fingerprint()}|{teacher.mixed_precision}|{task!r}".encode())
     for split, data in sorted(labeled.items()):
         digest.update(f"|{split}|{data.fingerprint()}|".encode())
         digest.update(repr(data.examples).encode())  # gold labels and answers: not in the token fingerprint
