@@ -127,7 +127,8 @@ def info_nce(teacher: torch.Tensor, student: torch.Tensor, negatives: torch.Tens
 
 
 def sra_cosine(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
-    """SRA (Wu et al.) eq. (1): ½ (1 − cos(T_x, S_x)) per sentence, mean over the batch.
+    """SRA: Wu et al. 2020, "Towards Non-task-specific Distillation of BERT via Sentence Representation
+    Approximation", eq. (1): ½ (1 − cos(T_x, S_x)) per sentence, mean over the batch.
 
     0 for parallel vectors, ½ for orthogonal ones, 1 for opposite ones; (B, D) each.
     """

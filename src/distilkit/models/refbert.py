@@ -193,7 +193,7 @@ class References:
         meta = json.loads((directory / "meta.json").read_text())
         arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
                   for name in ("embeddings", "hidden", "offsets", "hashes")}
-        index = (bm25s.BM25.load(str(directory / "bm25"), show_progress=False, verbosity=0)
+        index = (bm25s.BM25.load(str(directory / "bm25"), allow_pickle=False, show_progress=False, verbosity=0)
                  if (directory / "bm25").is_dir() else None)
         return cls(index, meta["vocab"], meta["skip_ids"], arrays["embeddings"], arrays["hidden"],
                    np.asarray(arrays["offsets"]), np.asarray(arrays["hashes"]), meta["width"], meta["info"])
