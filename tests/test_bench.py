@@ -263,6 +263,37 @@ def test_plan_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, t
     assert measured == ["onnx_int8"]
 
 
+def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabulates_all(tmp_path, glue_dir,
+                                                                                         tiny_teacher):
+    """The base-teacher plan's shape: a teacher cell of the plan (no teacher of its own: a plain record), students
+    at two seeds (the first timed beside the teacher, the other a plain record), and a protocol table over both."""
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    group = data["cells"][0]
+    group["axes"]["task"]["sst2"] = {"task": {"name": "sst2"}, "teacher_from": "teacher-sst2"}
+    group["axes"]["method"]["finetune"] = {"method": {"name": "finetune"}}
+    group["seeds"] = [42, 7]
+    data["cells"].insert(0, {"name": "teacher-sst2", "dir": "teachers/sst2", "set": {
+        "task": {"name": "sst2"}, "student": {"init": "pretrained", "pretrained": str(tiny_teacher)},
+        "method": {"name": "finetune"}}})
+    data["speed"]["formats"] = ["pytorch_fp32"]
+    data["report"] = {"title": "seeds", "tables": [{
+        "kind": "protocol", "caption": "{student}", "teachers": {"sst2": "teacher-sst2"}, "cell": "{task}-{method}-{student}",
+        "baseline": "finetune", "methods": ["kd"], "students": ["L2"]}]}
+    path.write_text(yaml.safe_dump(data))
+    Plans(load_plan(path), path).run()
+    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results" / "records").glob("*.json")}
+    assert set(records) == {"teacher-sst2", "sst2-kd-L2", "sst2-kd-L2-seed7", "sst2-finetune-L2",
+                            "sst2-finetune-L2-seed7"}
+    assert "speed" not in records["teacher-sst2"] and "speed" not in records["sst2-kd-L2-seed7"]
+    kd = records["sst2-kd-L2"]
+    assert set(kd["speed"]["formats"]) == {"pytorch_fp32"} and kd["seed"] == 42 and kd["best_dev"]
+    assert kd["teacher"]["name"] == "tiny teacher" and kd["teacher_cell"] == "teacher-sst2"
+    report = (tmp_path / "results" / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| sst2 | accuracy |"))
+    assert "±" in row and "–" not in row  # the labels-only student and kd's paired gain, over both seeds
+
+
 def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
     path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
     data = yaml.safe_load(path.read_text())

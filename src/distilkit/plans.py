@@ -17,7 +17,8 @@ its metrics exist, its saved config equals the resolved one and no cell it start
 later; otherwise it runs again, its earlier folder moved aside. `steps` run measurement commands
 (benchmarks/*.py, `distilkit similarity`) when their output is missing or older than a cell they measure. Records (one JSON per cell
 and per step) go to `<results>/records/`, and `report` renders every table and plot from them.
-A plan with `speed` also measures each student beside its teacher in the four deployment formats.
+A plan with `speed` also measures each student (at its group's first seed) beside its teacher in the deployment
+formats; its teachers and other seeds get plain records.
 """
 
 from __future__ import annotations
@@ -351,14 +352,15 @@ class Plans:
         for name, cell in cells.items():
             if only and name not in only:
                 continue
-            if self.plan.speed:
+            if self.timed(cell):
                 self.speed_record(cell, records_dir / f"{name}.json")
-                continue
-            self.train(cell)
+            else:
+                self.train(cell)
             if records_dir:  # the cell's record, and those of the cells it used (its teacher, its start)
                 for used in [cell, *self.lineage(cell)]:
-                    self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
-                                      records_dir / f"{used.name}.json")
+                    if not self.timed(used):
+                        self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
+                                          records_dir / f"{used.name}.json")
         for step in self.plan.steps:
             if only and step.name not in only:
                 continue
@@ -383,18 +385,27 @@ class Plans:
 
     # records ------------------------------------------------------------------------------------
 
-    def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
+    def timed(self, cell: Cell) -> bool:
+        """Whether a speed plan times this cell beside its teacher: a student (a cell with a teacher) at its
+        group's first seed. Another seed of the same model shape times the same; it only adds statistics."""
+        seed = cell.labels.get("seed")
+        return bool(self.plan.speed and cell.config.teacher.model and not (seed and cell.name.endswith(f"-seed{seed}")))
+
+    def plain_record(self, cell: Cell, metrics: dict) -> dict:
         """The run's metrics with what names and reproduces it (and, for a teacher cell's student, that
-        teacher's dev scores, so each record reads alone); rewritten only when the run changed."""
+        teacher's dev scores, so each record reads alone)."""
         teacher = self.cell(cell.teacher_from).dir if cell.teacher_from else None
-        record = {"cell": cell.name, "plan": cell.plan, "labels": cell.labels, "dir": str(cell.dir), **metrics,
-                  "best_dev": best_dev(cell.dir, metrics),
-                  **({"teacher_cell": cell.teacher_from,
-                      "teacher_best_dev": best_dev(teacher, json.loads((teacher / "metrics.json").read_text()))}
-                     if teacher else {}),
-                  "environment": json.loads((cell.dir / "env.json").read_text()),
-                  "config": cell.config.model_dump(mode="json")}
-        text = json.dumps(record, indent=2)
+        return {"cell": cell.name, "plan": cell.plan, "labels": cell.labels, "dir": str(cell.dir), **metrics,
+                "best_dev": best_dev(cell.dir, metrics),
+                **({"teacher_cell": cell.teacher_from,
+                    "teacher_best_dev": best_dev(teacher, json.loads((teacher / "metrics.json").read_text()))}
+                   if teacher else {}),
+                "environment": json.loads((cell.dir / "env.json").read_text()),
+                "config": cell.config.model_dump(mode="json")}
+
+    def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
+        """The plain record, rewritten only when the run changed."""
+        text = json.dumps(self.plain_record(cell, metrics), indent=2)
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
 
@@ -458,6 +469,7 @@ class Plans:
         log = cell.dir / "log.jsonl"
         curve = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r] if log.is_file() else []
         return {
+            **self.plain_record(cell, metrics),  # what the plan's own tables read (best, seed, best_dev)
             "cell": cell.name, "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method"),
             "method_name": config.method.name, "student": cell.labels.get("student"),
             "bench_command": f"distilkit bench {self.plan.name}",
