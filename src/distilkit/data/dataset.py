@@ -141,8 +141,8 @@ def collate(items: list[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]
 class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Shuffled batches of similar length, so padding costs little.
 
-    Each epoch's order depends only on (seed, epoch): a resumed run replays it exactly and can
-    start from any batch of the epoch.
+    Each epoch's order depends only on (seed, epoch): a resumed run replays it exactly and starts
+    from any batch of it (`TokenizedDataset.batches`).
     """
 
     def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True,
@@ -154,11 +154,6 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.seed = seed
         self.shuffle = shuffle
         self.bucket_batches = bucket_batches
-        self.epoch = 0
-        self.start_batch = 0
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         n = len(self.lengths)
@@ -176,8 +171,8 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         batch_order = torch.randperm(len(batches), generator=generator).tolist()
         return [batches[i] for i in batch_order]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.epoch_batches(self.epoch)[self.start_batch:]
+    def __iter__(self) -> Iterator[list[int]]:  # epoch 0: the fixed order evaluation and cache filling read
+        yield from self.epoch_batches(0)
 
     def __len__(self) -> int:
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size - self.start_batch
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
