@@ -342,11 +342,14 @@ def test_codir_negatives_default_to_other_labels_on_classes_and_to_the_batch_els
     assert _codir(negative_sampling="bank").negative_sampling == "bank"
 
 
-def test_codir_cls_pooling_differs_from_mean_pooling():
-    student, teacher = _codir_features()
+def test_codir_mean_pooling_averages_real_tokens_and_cls_takes_the_first():
+    """CoDIR eq. 3: the layer's sentence vector is the mean over the tokens the mask keeps; padding is left out."""
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]],
+                           [[2.0, 0.0], [4.0, 2.0], [100.0, 100.0]]])  # row 2: its third token is padding
+    student = Features(torch.tensor([[1, 1, 1], [1, 1, 0]]), hidden={1: hidden}, logits=torch.zeros(2, 2))
     mean, cls = _codir(), _codir(pooling="cls")
-    assert torch.equal(mean.sentence_embedding(student, 1), student.mean_pooled(1))
-    assert torch.equal(cls.sentence_embedding(student, 1), student.hidden[1][:, 0])
+    assert torch.allclose(mean.sentence_embedding(student, 1), torch.tensor([[3.0, 4.0], [3.0, 1.0]]))
+    assert torch.equal(cls.sentence_embedding(student, 1), torch.tensor([[1.0, 2.0], [2.0, 0.0]]))
 
 
 def test_codir_explains_impossible_settings():

@@ -130,6 +130,7 @@ def test_masked_batches_are_reproducible_by_position(tmp_path, tokenizer):
     chosen = sum(int((labels != IGNORE_INDEX).sum()) for _, labels, _ in first)
     assert 0.08 < chosen / sum(ids.numel() for ids, _, _ in first) < 0.15
     resumed = [(b["input_ids"], b["mlm_labels"]) for b, _, _ in masked.batches(8, 0, 0, first[2][2])]
+    assert len(resumed) == len(first) - 3 > 0
     for (ids, labels, _), (ids2, labels2) in zip(first[3:], resumed):
         assert torch.equal(ids, ids2) and torch.equal(labels, labels2)
 

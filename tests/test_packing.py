@@ -40,6 +40,7 @@ def _assert_same_on_real_tokens(packed, padded, mask):
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_packed_features_equal_padded(family, row_tokens, family_models, monkeypatch):
     monkeypatch.setattr(features_module, "PACKED_ROW_TOKENS", row_tokens)
+    layouts = _spy_on_layouts(monkeypatch)
     path = family_models[family]
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -51,12 +52,22 @@ def test_packed_features_equal_padded(family, row_tokens, family_models, monkeyp
         _assert_same_on_real_tokens(packed, padded, batch["attention_mask"])
         assert packed.hidden[2].shape == padded.hidden[2].shape
         assert packed.attention[1].shape == padded.attention[1].shape
+    assert any(layout is not None for layout in layouts) == (family in PACKING)  # packed where the family can
+
+
+def _spy_on_layouts(monkeypatch) -> list:
+    """The packed layouts encoder_features builds (None where it does not pack), so a test sees packing happen."""
+    layouts, real_of = [], PackedLayout.of
+    monkeypatch.setattr(PackedLayout, "of", lambda *args, **kwargs: layouts.append(real_of(*args, **kwargs)) or
+                        layouts[-1])
+    return layouts
 
 
 @pytest.mark.parametrize("family", sorted(PACKING))
-def test_gradient_perturbation_and_soft_inputs_equal_packed(family, family_models):
+def test_gradient_perturbation_and_soft_inputs_equal_packed(family, family_models, monkeypatch):
     """LRC-BERT's shift of hidden state 0 gets the same gradient, and Text Smoothing's soft inputs give the
     same outputs, packed or padded."""
+    layouts = _spy_on_layouts(monkeypatch)
     path = family_models[family]
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt"))
@@ -76,6 +87,7 @@ def test_gradient_perturbation_and_soft_inputs_equal_packed(family, family_model
     packed = encoder_features(model, batch, request, inputs_embeds=embeds, packed=True)
     torch.testing.assert_close(packed.hidden[2][real], padded.hidden[2][real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed.logits, padded.logits, atol=1e-5, rtol=1e-5)
+    assert sum(layout is not None for layout in layouts) == 2  # the two packed passes packed
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILY_NAMES) - PACKING))

@@ -22,6 +22,7 @@ CORPUS_PRESETS = {"codir-pretrain"}  # a whole stage on the wiki corpus: add the
 
 def test_there_are_shipped_configs_and_plans():
     assert len(PRESETS) >= 6 and len(PLANS) >= 8
+    assert len([p for p in PLANS if _records(p)]) >= 8  # plans whose committed records keep their config
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
@@ -29,7 +30,7 @@ def test_shipped_preset_is_valid(path):
     overrides = ["task.name=mrpc", "teacher.model=some/teacher"] if path.stem in METHOD_PRESETS else \
         ["teacher.model=some/teacher"] if path.stem in CORPUS_PRESETS else []
     config = load_config(find_preset(path.stem), overrides)
-    assert config.method.name
+    assert config.method.name == yaml.safe_load(path.read_text())["method"]["name"]  # every preset names its method
 
 
 @pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)

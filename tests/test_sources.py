@@ -113,8 +113,10 @@ def test_glue_from_the_hub_maps_labels_by_name(monkeypatch):
                               "idx": [0, 1, 2]},
                              features=Features({"premise": Value("string"), "hypothesis": Value("string"),
                                                 "label": ClassLabel(names=hub_names), "idx": Value("int32")}))
-    monkeypatch.setattr("datasets.load_dataset", lambda *args, split=None: rows)
+    asked = []
+    monkeypatch.setattr("datasets.load_dataset", lambda *args, split=None: asked.append((*args, split)) or rows)
     mnli = glue_task("mnli")
     examples = read_hub(mnli, "dev_matched")
+    assert asked == [("nyu-mll/glue", "mnli", "validation_matched")]
     assert [mnli.label_names[e.label] for e in examples] == hub_names
     assert examples[0].texts == ("a", "x")

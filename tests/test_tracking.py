@@ -48,7 +48,6 @@ def mlflow_metrics(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_mlflow_run_directory_holds_every_loss_term_and_eval_metric(glue_dir, tiny_teacher, tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")  # in the test extra; skipped only where it is not installed
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = tmp_path / "kd"
     run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out, ["tensorboard", "mlflow"])))
@@ -73,7 +72,6 @@ def test_no_trackers_and_unknown_ones(glue_dir, tiny_teacher, tmp_path):
 
 
 def test_a_resumed_run_continues_the_same_mlflow_run(glue_dir, tiny_teacher, tmp_path, monkeypatch):
-    pytest.importorskip("mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = tmp_path / "kd"
     config = kd_config(glue_dir, tiny_teacher, out, ["mlflow"])
@@ -118,7 +116,6 @@ def wandb_history(run_file: Path) -> list[dict]:
 
 
 def wandb_offline(monkeypatch, tmp_path) -> None:
-    pytest.importorskip("wandb")  # the wandb extra; skipped where it is not installed
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": tmp_path / "wandb-config",
                         "WANDB_CACHE_DIR": tmp_path / "wandb-cache", "WANDB_DATA_DIR": tmp_path / "wandb-data"}.items():
         monkeypatch.setenv(name, str(value))
