@@ -81,7 +81,7 @@ def test_each_teacher_is_cached_on_its_own(glue_dir, tiny_teacher, second_teache
     alone = run_experiment(build_config(kd_config(glue_dir, [second_teacher], tmp_path / "alone")))
     assert alone["teacher_forward_passes"] == 0
     # the ensemble distils something else than either teacher alone
-    first = run_experiment(build_config(kd_config(glue_dir, [tiny_teacher], tmp_path / "first")))
+    run_experiment(build_config(kd_config(glue_dir, [tiny_teacher], tmp_path / "first")))
     first_weights = load_file(tmp_path / "first" / "final" / "model.safetensors")
     assert not all(torch.equal(cold_weights[k], first_weights[k]) for k in cold_weights)
 
