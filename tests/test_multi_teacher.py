@@ -142,7 +142,8 @@ def test_a_plan_names_several_teacher_cells(glue_dir, tiny_teacher, tmp_path, mo
                                "method": {"name": "finetune"}}},
                       {"name": "both", "set": {"teachers_from": ["teacher-b", "teacher-a"], "method": {"name": "kd"},
                                                "student": {"layers": 2, "init": "teacher_layers"}}}],
-            "report": {"title": "t", "tables": [{"kind": "teacher_percent", "teachers": {"sst2": "teacher-b"}}]}}
+            "report": {"title": "t", "tables": [{"kind": "runs"},
+                                                {"kind": "teacher_percent", "teachers": {"sst2": "teacher-b"}}]}}
     path = tmp_path / "mt.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
     plans = Plans(load_plan(path))
@@ -152,6 +153,10 @@ def test_a_plan_names_several_teacher_cells(glue_dir, tiny_teacher, tmp_path, mo
     records = plans.run(["both"])
     assert {"both", "teacher-a", "teacher-b"} <= set(records)  # the cell and the teachers it learnt from
     assert records["both"]["teacher"] == both.config.teacher.models
+    report = (tmp_path / "results" / "report.md").read_text().splitlines()
+    second = report.index("| run | method | params | main metric | best | final | % of teacher | epochs | train s | ex/s "
+                          "| teacher fwd |")
+    assert report[second - 1] == "" and report[second - 2].startswith("| ")  # two tables, not one run together
     with pytest.raises(ConfigError, match="teachers_from is a list of cells"):
         plan["cells"][1]["set"]["teachers_from"] = "teacher-a"
         path.write_text(yaml.safe_dump(plan, sort_keys=False))

@@ -558,31 +558,36 @@ def plan_tables(plan, records: dict[str, dict], cells: dict, out_dir: Path) -> l
     lines: list[str] = []
     for spec in plan.report.tables:
         kind = spec["kind"]
+        table: list[str] = []
         if kind == "runs":  # every run, or the ones `cells` lists
             listed = {name: runs[name] for name in spec.get("cells", runs) if name in runs}
-            lines += ([] if "caption" not in spec else ["", spec["caption"], ""]) + runs_table(listed)
+            if listed:  # none yet: no empty table
+                table += ([] if "caption" not in spec else ["", spec["caption"], ""]) + runs_table(listed)
         elif kind == "teacher_percent":
-            lines += teacher_percent_table(everything, spec["teachers"])
+            table += teacher_percent_table(everything, spec["teachers"])
         elif kind == "paired":
-            lines += paired_table(runs, spec, out_dir)
+            table += paired_table(runs, spec, out_dir)
         elif kind == "protocol":
-            lines += protocol_table(everything, spec)
+            table += protocol_table(everything, spec)
         elif kind == "ablation":
-            lines += ablation_table(runs, spec)
+            table += ablation_table(runs, spec)
         elif kind == "compare":
-            lines += compare_table(runs, spec)
+            table += compare_table(runs, spec)
         elif kind == "grid":
-            lines += grid_table(runs, spec, out_dir)
+            table += grid_table(runs, spec, out_dir)
         elif kind == "speed" and spec["step"] in steps:
-            lines += speed_step_table(steps[spec["step"]])
+            table += speed_step_table(steps[spec["step"]])
         elif kind == "similarity":
-            lines += similarity_tables(steps)
+            table += similarity_tables(steps)
         elif kind == "epoch_seconds":
-            lines += epoch_seconds_table(runs)
+            table += epoch_seconds_table(runs)
         elif kind == "latency":
-            lines += latency_tables(steps)
+            table += latency_tables(steps)
         elif kind not in ("speed",):
             raise ValueError(f"plan {plan.name}: unknown report table kind {kind!r}")
+        if lines and table and lines[-1] != "" and table[0] != "":
+            lines.append("")  # a table right under another would read as more of its rows
+        lines += table
     for note in plan.report.notes:
         lines += ["", note]
     return lines
