@@ -469,8 +469,9 @@ class Plans:
         log = cell.dir / "log.jsonl"
         curve = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r] if log.is_file() else []
         return {
-            **self.plain_record(cell, metrics),  # what the plan's own tables read (best, seed, best_dev)
-            "cell": cell.name, "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method"),
+            # the run's metrics (steps, seconds, teacher passes...), cell, environment, config, best_dev
+            **self.plain_record(cell, metrics),
+            "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method"),
             "method_name": config.method.name, "student": cell.labels.get("student"),
             "bench_command": f"distilkit bench {self.plan.name}",
             "command": f"distilkit distill {Path(self.plan.output) / 'configs' / cell.name}.yaml",
@@ -484,13 +485,8 @@ class Plans:
                     "percent_of_teacher": 100 * score / teacher["dev_score"], "best_step": metrics["best"]["step"],
                     "final": metrics["final"]},
             "seeds": {"train": config.train.seed, "data_subset": 0},
-            "train_examples_in_set": metrics["train_examples_in_set"],
-            **{k: metrics[k] for k in ("epochs", "steps", "train_examples", "distill_wall_seconds", "train_seconds",
-                                       "examples_per_second", "teacher_forward_passes", "peak_rss_mb")},
             "loss_curve": curve,
             "speed": {"settings": self.speed_settings(), "formats": {}},
-            "environment": json.loads((cell.dir / "env.json").read_text()),  # the training process's
-            "config": config.model_dump(mode="json"),
             "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
 
