@@ -1,4 +1,4 @@
-"""The layers hold: config and losses at the bottom, then models and data, train and evaluate, methods, the
+"""The layers hold: config and losses at the bottom, then data, models, train and evaluate, methods, the
 runners and the CLI on top (the import-linter contract in pyproject.toml), and no module imports itself back."""
 
 import shutil

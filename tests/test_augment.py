@@ -7,8 +7,8 @@ import random
 import pytest
 
 from distilkit.config import AugmentConfig, build_config
-from distilkit.data import augment as augment_module
-from distilkit.data.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples
+from distilkit.train import augment as augment_module
+from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples
 from distilkit.data.readers import Example
 from distilkit.run import run_experiment
 from test_training import kd_config

@@ -20,7 +20,7 @@ import torch
 
 from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
 from distilkit.config import DataConfig, ExperimentConfig, dump_config
-from distilkit.data.augment import augmented_examples
+from distilkit.train.augment import augmented_examples
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.qa_windows import task_dataset
