@@ -100,6 +100,24 @@ def test_resume_mid_corpus_replays_the_same_batches(tmp_path, tokenizer):
     assert all_batches(corpus, epoch=2)[0][0] != whole[0][0]  # each pass reshuffles
 
 
+def test_every_training_batch_is_full_even_where_a_chunk_leaves_a_remainder(tmp_path, tokenizer):
+    """A chunk's leftover examples are dropped, so in-batch negatives always exist (LRC pre-training once
+    stopped on a batch of one); a corpus too small for one full batch still serves what it has."""
+    path = write_corpus(tmp_path / "c.txt", documents=80)
+    corpus = TextCorpus([path], tokenizer, max_length=32, unit="sentence", heldout_fraction=0.0, chunk_lines=23)
+    sizes, ids = [], []
+    for file_index, offset, lines in corpus._chunks():
+        examples = len(corpus._examples(corpus._documents(lines)))
+        sizes.append(examples)
+    assert any(n % 8 for n in sizes) and all(n >= 8 for n in sizes)  # remainders exist to be dropped
+    served = [len(b) for b, _, _ in all_batches(corpus, batch_size=8)]
+    assert set(served) == {8} and sum(served) == sum(n - n % 8 for n in sizes)
+    tiny = TextCorpus([write_corpus(tmp_path / "t.txt", documents=1, paragraphs=1)], tokenizer, max_length=32,
+                      unit="sentence", heldout_fraction=0.0)
+    assert [len(b) for b, _, _ in all_batches(tiny, batch_size=8)] == [len(tiny._examples(tiny._documents(
+        tiny._chunk_lines(0, 0)[0])))]
+
+
 def test_mlm_masking_statistics():
     generator = torch.Generator().manual_seed(0)
     vocab, special = 1000, [0, 1, 2, 3, 4]

@@ -169,7 +169,9 @@ def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
     assert info["fit_cpu_seconds"] > 0 and info["mixed_precision"] == "no"
     scores = info["heldout"]["scores"]
     assert set(scores) == {"tied projection", "fitted head"}
-    assert scores["fitted head"]["top1"] > scores["tied projection"]["top1"]  # 30 steps on a 20-word corpus
+    # 30 steps on a 20-word corpus; top-5, since 73 masked tokens and a random tiny encoder leave top-1 at the most
+    # frequent word for both (a one-token difference either way)
+    assert scores["fitted head"]["top5"] > scores["tied projection"]["top5"] + 0.1
     assert set(scores["tied projection"]["by_temperature"]) == {"1", "0.2"}
     at_t1 = scores["fitted head"]["by_temperature"]["1"]
     assert 0 < at_t1["p_top1"] <= at_t1["top32_mass"] <= 1
