@@ -146,6 +146,11 @@ def test_length_buckets_are_deterministic_complete_and_resumable():
     random_batches = LengthBucketBatchSampler(lengths, batch_size=16, seed=7, bucket_batches=1).epoch_batches(1)
     assert sorted(i for b in random_batches for i in b) == list(range(203))
     assert np.mean([lengths[b].max() - lengths[b].min() for b in random_batches]) > 40
+    # 33 = 2 × 16 + 1: the lone 33rd example joins a batch (a batch of one has no in-batch negatives)
+    for shuffle in (True, False):
+        odd = LengthBucketBatchSampler(lengths[:33], batch_size=16, seed=7, shuffle=shuffle)
+        sizes = sorted(len(b) for b in odd.epoch_batches(1))
+        assert sizes == [16, 17] and len(odd) == 2
 
 
 def test_overrides_index_lists_of_sections():

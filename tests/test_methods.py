@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distilkit.config import method_params
+from distilkit.config import build_config, method_params
 from distilkit.data.tasks import glue_task
 from distilkit.methods import MethodContext, Progress, get_method
 from distilkit.methods.pkd import pkd_layer_map
@@ -166,3 +166,20 @@ def test_held_out_scoring_leaves_method_state_alone_and_training_changes_it(tmp_
               train_data=run.train_data, eval_data={}, out_dir=tmp_path / "run", save_student=lambda *_: None).train()
     changed = (run.method.memory != bank).any(dim=1)
     assert int(changed.sum()) == 8  # the one step's batch of positives, written back
+
+
+@pytest.mark.parametrize("method", [{"name": "lrc"}, {"name": "codir", "negative_sampling": "batch", "dim": 3}],
+                         ids=["lrc", "codir-in-batch"])
+def test_in_batch_negatives_survive_a_training_set_one_past_a_whole_number_of_batches(tmp_path, glue_dir,
+                                                                                      tiny_teacher, method):
+    """17 examples in batches of 8: a lone 17th would be a batch without negatives; it joins another batch."""
+    from distilkit.run import run_experiment
+
+    config = build_config({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 17},
+        "teacher": {"model": str(tiny_teacher), "cache": False},
+        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
+        "method": method, "train": {"epochs": 1, "batch_size": 8, "mixed_precision": "no"},
+        "output": {"dir": str(tmp_path / "run")}})
+    metrics = run_experiment(config)
+    assert metrics["steps"] == 2

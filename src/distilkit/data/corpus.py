@@ -3,10 +3,10 @@
 Files hold one paragraph (or one document) per line; a blank line ends a document. The corpus is
 read in chunks of about `chunk_lines` lines that always end at a document boundary, so no more
 than one chunk is ever in memory. Each chunk is sentence-split (pysbd), cut into examples, and
-served as shuffled, length-bucketed batches. Every batch is full: the few examples left over at the end of a
-chunk are dropped (unless the chunk has no full batch, as in a tiny corpus), so each step sees `batch_size`
-examples and in-batch negatives (LRC-BERT, CoDIR-Pre) always exist; a lone leftover example once stopped an
-LRC pre-training run at step ~930.
+served as shuffled, length-bucketed batches. No batch is short: the few examples left over at the end of a
+chunk are dropped (unless the chunk has no full batch, as in a tiny corpus), so each step sees at least
+`batch_size` examples and in-batch negatives (LRC-BERT, CoDIR-Pre) always exist; a lone leftover example once
+stopped an LRC pre-training run at step ~930.
 
 - unit "sentence": one sentence per example (SRA distils sentence vectors);
 - unit "packed": consecutive sentences of a document packed up to `max_length` tokens (TinyBERT's
@@ -227,7 +227,7 @@ class TextCorpus:
                 continue
             sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, stable_seed(seed, epoch, file_index, offset))
             chunk_batches = sampler.epoch_batches(0)
-            chunk_batches = [b for b in chunk_batches if len(b) == batch_size] or chunk_batches
+            chunk_batches = [b for b in chunk_batches if len(b) >= batch_size] or chunk_batches
             start = position["batch"] if (file_index, offset) == (position["file"], position["offset"]) else 0
             for number, indices in enumerate(chunk_batches[start:], start=start + 1):
                 if pending is not None:

@@ -159,7 +159,7 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         n = len(self.lengths)
         if not self.shuffle:
             order = np.argsort(-self.lengths, kind="stable")
-            return [order[i: i + self.batch_size].tolist() for i in range(0, n, self.batch_size)]
+            return self._no_lone_example([order[i: i + self.batch_size].tolist() for i in range(0, n, self.batch_size)])
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         perm = torch.randperm(n, generator=generator).numpy()
         batches = []
@@ -168,11 +168,25 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             chunk = perm[start: start + span]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
             batches += [chunk[i: i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
+        batches = self._no_lone_example(batches)
         batch_order = torch.randperm(len(batches), generator=generator).tolist()
         return [batches[i] for i in batch_order]
+
+    def _no_lone_example(self, batches: list[list[int]]) -> list[list[int]]:
+        """A last batch of one example would have no in-batch negatives (LRC-BERT, CoDIR): it joins the one before."""
+        if len(batches) > 1 and len(batches[-1]) == 1 < self.batch_size:
+            lone = batches.pop()
+            batches[-1] = batches[-1] + lone
+        return batches
 
     def __iter__(self) -> Iterator[list[int]]:  # epoch 0: the fixed order evaluation and cache filling read
         yield from self.epoch_batches(0)
 
     def __len__(self) -> int:
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+        return batches_per_epoch(len(self.lengths), self.batch_size)
+
+
+def batches_per_epoch(num_examples: int, batch_size: int) -> int:
+    """Batches of an epoch of `LengthBucketBatchSampler`: a lone last example joins the batch before it."""
+    lone = num_examples > 1 and batch_size > 1 and num_examples % batch_size == 1
+    return -(-num_examples // batch_size) - lone

@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from distilkit.data.dataset import batches_per_epoch
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
 from distilkit.machine import peak_rss_mb
@@ -92,7 +93,7 @@ class TrainModule(nn.Module):
 
 
 def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int) -> int:
-    return math.ceil(math.ceil(num_examples / batch_size) / grad_accumulation)
+    return math.ceil(batches_per_epoch(num_examples, batch_size) / grad_accumulation)
 
 
 def total_steps(num_examples: int | None, train_cfg) -> int:
