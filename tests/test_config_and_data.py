@@ -151,6 +151,9 @@ def test_length_buckets_are_deterministic_complete_and_resumable():
         odd = LengthBucketBatchSampler(lengths[:33], batch_size=16, seed=7, shuffle=shuffle)
         sizes = sorted(len(b) for b in odd.epoch_batches(1))
         assert sizes == [16, 17] and len(odd) == 2
+    # under 3 processes a last batch must hold 3 rows (one per process): 34 = 2 × 16 + 2 makes two batches
+    three = LengthBucketBatchSampler(lengths[:34], batch_size=16, seed=7, min_batch=3)
+    assert sorted(len(b) for b in three.epoch_batches(1)) == [16, 18] and len(three) == 2
 
 
 def test_overrides_index_lists_of_sections():

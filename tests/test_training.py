@@ -185,3 +185,20 @@ def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_te
     with pytest.raises(RunError, match="different config"):
         run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))
     assert (out / "config.yaml").read_text() == "something: else\n"
+
+
+def test_each_process_gets_a_share_of_every_global_batch_and_short_last_batches_join_the_one_before():
+    """Four rows over three processes were split 2, 2, 0 (ceil), leaving the last process nothing to train on."""
+    from types import SimpleNamespace
+
+    from distilkit.train.distiller import Distiller, total_steps
+
+    batch = {"input_ids": torch.arange(8).view(4, 2), "labels": torch.arange(4)}
+    shares = []
+    for rank in range(3):
+        distiller = Distiller.__new__(Distiller)
+        distiller.accelerator = SimpleNamespace(num_processes=3, process_index=rank)
+        shares.append(distiller._split(batch)["labels"].tolist())
+    assert shares == [[0, 1], [2], [3]]
+    train = SimpleNamespace(epochs=1, batch_size=16, grad_accumulation=1, max_steps=None)
+    assert total_steps(34, train, min_batch=3) == 2 and total_steps(35, train, min_batch=3) == 3

@@ -211,11 +211,12 @@ class TextCorpus:
                             "raise data.corpus.heldout_fraction or add text")
         return self._dataset(texts[: self.heldout_examples])
 
-    def batches(self, batch_size: int, seed: int, epoch: int, position: dict | None
+    def batches(self, batch_size: int, seed: int, epoch: int, position: dict | None, min_batch: int = 2
                 ) -> Iterator[tuple[dict, dict | None, bool]]:
         """Training batches of one pass over the corpus from `position`.
 
-        Yields (batch, position after it, last batch of the pass); the position is JSON-able.
+        Yields (batch, position after it, last batch of the pass); the position is JSON-able. Batches hold at
+        least `batch_size` examples (module docstring), so `min_batch` holds too, but in a tiny corpus.
         """
         position = position or {"file": 0, "offset": 0, "batch": 0}
         pending = None  # the last batch, held back until we know whether it ends the pass
@@ -225,7 +226,8 @@ class TextCorpus:
             dataset = self._dataset(self._examples(train))
             if dataset is None:
                 continue
-            sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, stable_seed(seed, epoch, file_index, offset))
+            sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, stable_seed(seed, epoch, file_index, offset),
+                                               min_batch=min_batch)
             chunk_batches = sampler.epoch_batches(0)
             chunk_batches = [b for b in chunk_batches if len(b) >= batch_size] or chunk_batches
             start = position["batch"] if (file_index, offset) == (position["file"], position["offset"]) else 0

@@ -100,15 +100,16 @@ class TokenizedDataset(torch.utils.data.Dataset):
     def num_examples(self) -> int:
         return len(self)
 
-    def batches(self, batch_size: int, seed: int, epoch: int, position: int | None
+    def batches(self, batch_size: int, seed: int, epoch: int, position: int | None, min_batch: int = 2
                 ) -> Iterator[tuple[dict, int | None, bool]]:
         """Shuffled batches (length-bucketed when bucket_batches > 1) of one epoch from `position` (batches served).
 
         Yields (batch, position after it, last batch of the epoch): the interface every training
         data source shares (see `data.corpus.TextCorpus.batches`), so the loop resumes any of them.
+        No batch is smaller than `min_batch` (see `LengthBucketBatchSampler`).
         """
-        batches = LengthBucketBatchSampler(self.lengths, batch_size, seed,
-                                           bucket_batches=self.bucket_batches).epoch_batches(epoch)
+        batches = LengthBucketBatchSampler(self.lengths, batch_size, seed, bucket_batches=self.bucket_batches,
+                                           min_batch=min_batch).epoch_batches(epoch)
         start = position or 0
         for number, indices in enumerate(batches[start:], start=start + 1):
             last = number == len(batches)
@@ -146,7 +147,7 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     """
 
     def __init__(self, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True,
-                 bucket_batches: int = 50):
+                 bucket_batches: int = 50, min_batch: int = 2):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.lengths = np.asarray(lengths)
@@ -154,12 +155,13 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.seed = seed
         self.shuffle = shuffle
         self.bucket_batches = bucket_batches
+        self.min_batch = min_batch
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         n = len(self.lengths)
         if not self.shuffle:
             order = np.argsort(-self.lengths, kind="stable")
-            return self._no_lone_example([order[i: i + self.batch_size].tolist() for i in range(0, n, self.batch_size)])
+            return self._no_short_last_batch([order[i: i + self.batch_size].tolist() for i in range(0, n, self.batch_size)])
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         perm = torch.randperm(n, generator=generator).numpy()
         batches = []
@@ -168,25 +170,27 @@ class LengthBucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             chunk = perm[start: start + span]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
             batches += [chunk[i: i + self.batch_size].tolist() for i in range(0, len(chunk), self.batch_size)]
-        batches = self._no_lone_example(batches)
+        batches = self._no_short_last_batch(batches)
         batch_order = torch.randperm(len(batches), generator=generator).tolist()
         return [batches[i] for i in batch_order]
 
-    def _no_lone_example(self, batches: list[list[int]]) -> list[list[int]]:
-        """A last batch of one example would have no in-batch negatives (LRC-BERT, CoDIR): it joins the one before."""
-        if len(batches) > 1 and len(batches[-1]) == 1 < self.batch_size:
-            lone = batches.pop()
-            batches[-1] = batches[-1] + lone
+    def _no_short_last_batch(self, batches: list[list[int]]) -> list[list[int]]:
+        """A last batch of fewer than `min_batch` examples joins the one before: a batch of one has no in-batch
+        negatives (LRC-BERT, CoDIR), and under N processes a batch of fewer than N rows leaves one without any."""
+        if len(batches) > 1 and len(batches[-1]) < min(self.min_batch, self.batch_size):
+            short = batches.pop()
+            batches[-1] = batches[-1] + short
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:  # epoch 0: the fixed order evaluation and cache filling read
         yield from self.epoch_batches(0)
 
     def __len__(self) -> int:
-        return batches_per_epoch(len(self.lengths), self.batch_size)
+        return batches_per_epoch(len(self.lengths), self.batch_size, self.min_batch)
 
 
-def batches_per_epoch(num_examples: int, batch_size: int) -> int:
-    """Batches of an epoch of `LengthBucketBatchSampler`: a lone last example joins the batch before it."""
-    lone = num_examples > 1 and batch_size > 1 and num_examples % batch_size == 1
-    return -(-num_examples // batch_size) - lone
+def batches_per_epoch(num_examples: int, batch_size: int, min_batch: int = 2) -> int:
+    """Batches of an epoch of `LengthBucketBatchSampler`: a short last batch joins the one before it."""
+    last = num_examples % batch_size
+    short = num_examples > batch_size and 0 < last < min(min_batch, batch_size)
+    return -(-num_examples // batch_size) - short

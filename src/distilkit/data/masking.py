@@ -54,8 +54,9 @@ class MaskedBatches:
     def __len__(self) -> int:
         return len(self.source)
 
-    def batches(self, batch_size: int, seed: int, epoch: int, position) -> Iterator[tuple[dict, object, bool]]:
-        for batch, after, last in self.source.batches(batch_size, seed, epoch, position):
+    def batches(self, batch_size: int, seed: int, epoch: int, position, min_batch: int = 2
+                ) -> Iterator[tuple[dict, object, bool]]:
+        for batch, after, last in self.source.batches(batch_size, seed, epoch, position, min_batch):
             # the position after a batch names it uniquely within the epoch (None: the last one)
             generator = torch.Generator().manual_seed(stable_seed(seed, epoch, after))
             ids, labels = mask_tokens(batch["input_ids"], batch["attention_mask"], self.special_ids,

@@ -92,18 +92,18 @@ class TrainModule(nn.Module):
         return self.method.training_step(self.student, batch, teacher_features, progress)
 
 
-def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int) -> int:
-    return math.ceil(batches_per_epoch(num_examples, batch_size) / grad_accumulation)
+def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int, min_batch: int = 2) -> int:
+    return math.ceil(batches_per_epoch(num_examples, batch_size, min_batch) / grad_accumulation)
 
 
-def total_steps(num_examples: int | None, train_cfg) -> int:
+def total_steps(num_examples: int | None, train_cfg, min_batch: int = 2) -> int:
     """Optimizer steps of the run; a streamed corpus (size unknown: None) must say train.max_steps."""
     if train_cfg.max_steps:
         return train_cfg.max_steps
     if num_examples is None:
         raise ValueError("a streamed corpus has no known size: set train.max_steps")
     return max(1, math.ceil(train_cfg.epochs * steps_per_epoch(num_examples, train_cfg.batch_size,
-                                                                train_cfg.grad_accumulation)))
+                                                                train_cfg.grad_accumulation, min_batch)))
 
 
 def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -217,6 +217,9 @@ class Distiller:
         self.out_dir = Path(out_dir)
         self.save_student = save_student  # (student, directory) -> None
         self.accelerator = accelerator or make_accelerator(config.train.mixed_precision)
+        # every process gets a row of each global batch, and every row an in-batch negative: a shorter last
+        # batch of an epoch joins the one before it
+        self.min_batch = max(2, self.accelerator.num_processes)
 
     def train(self) -> dict:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
@@ -226,7 +229,7 @@ class Distiller:
             self.student.compile_layers()
         module = TrainModule(self.student, self.method)
         optimizer = make_optimizer(module, cfg)
-        n_total = total_steps(self.train_data.num_examples, cfg)
+        n_total = total_steps(self.train_data.num_examples, cfg, self.min_batch)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
         state = self._resume(module, optimizer, scheduler)
         wrapped, optimizer = acc.prepare(module, optimizer)
@@ -271,7 +274,7 @@ class Distiller:
         cfg = self.cfg.train
         group: list[dict] = []
         for batch, position, epoch_done in self.train_data.batches(cfg.batch_size, cfg.seed, state.epoch,
-                                                                   state.position):
+                                                                   state.position, self.min_batch):
             group.append(batch)
             if len(group) == cfg.grad_accumulation or epoch_done:
                 yield group, position, epoch_done
@@ -282,9 +285,7 @@ class Distiller:
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         if world == 1:
             return batch
-        size = batch["input_ids"].shape[0]
-        per = math.ceil(size / world)
-        return {k: v[rank * per: (rank + 1) * per] for k, v in batch.items()}
+        return {k: torch.tensor_split(v, world)[rank] for k, v in batch.items()}  # shares differ by one row at most
 
     def _optimizer_step(self, wrapped, optimizer, scheduler, group: list[dict], progress: Progress) -> dict[str, float]:
         """One optimizer step over the global batches of `group`; returns their loss terms (mean over batches and
@@ -339,7 +340,7 @@ class Distiller:
     def _evaluate_and_keep_best(self, wrapped, state: TrainState, log: TrainLog) -> None:
         if not self.eval_data or not self.accelerator.is_main_process:
             return
-        results = self.evaluate(state.step, total_steps(self.train_data.num_examples, self.cfg.train))
+        results = self.evaluate(state.step, total_steps(self.train_data.num_examples, self.cfg.train, self.min_batch))
         score = self._score(results)
         state.evals.append({"step": state.step, **results})
         log.evaluation(state, results)
@@ -381,7 +382,7 @@ class Distiller:
     def _summary(self, state: TrainState) -> dict:
         cfg = self.cfg.train
         known = self.train_data.num_examples
-        epochs = (state.step / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation) if known
+        epochs = (state.step / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation, self.min_batch) if known
                   else state.epoch)  # a streamed corpus: completed passes
         return {"steps": state.step, "epochs": round(epochs, 3), "train_seconds": round(state.train_seconds, 2),
                 "train_examples": state.examples,
