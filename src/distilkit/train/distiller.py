@@ -220,6 +220,7 @@ class Distiller:
         # every process gets a row of each global batch, and every row an in-batch negative: a shorter last
         # batch of an epoch joins the one before it
         self.min_batch = max(2, self.accelerator.num_processes)
+        self.n_total = total_steps(train_data.num_examples, config.train, self.min_batch)
 
     def train(self) -> dict:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
@@ -229,7 +230,7 @@ class Distiller:
             self.student.compile_layers()
         module = TrainModule(self.student, self.method)
         optimizer = make_optimizer(module, cfg)
-        n_total = total_steps(self.train_data.num_examples, cfg, self.min_batch)
+        n_total = self.n_total
         scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_total), n_total)
         state = self._resume(module, optimizer, scheduler)
         wrapped, optimizer = acc.prepare(module, optimizer)
@@ -340,7 +341,7 @@ class Distiller:
     def _evaluate_and_keep_best(self, wrapped, state: TrainState, log: TrainLog) -> None:
         if not self.eval_data or not self.accelerator.is_main_process:
             return
-        results = self.evaluate(state.step, total_steps(self.train_data.num_examples, self.cfg.train, self.min_batch))
+        results = self.evaluate(state.step, self.n_total)
         score = self._score(results)
         state.evals.append({"step": state.step, **results})
         log.evaluation(state, results)
