@@ -63,6 +63,13 @@ def _student_with_empty_vocabulary(w: Where) -> Path:
     return directory
 
 
+def _teacher_without_tokenizer(w: Where) -> Path:
+    """A fine-tuned teacher saved without its tokenizer (model.save_pretrained alone)."""
+    directory = w.tmp / "no-tokenizer"
+    BertForSequenceClassification.from_pretrained(w.teacher).save_pretrained(directory)
+    return directory
+
+
 def _pickled_model(w: Where) -> Path:
     directory = w.tmp / "pickled"
     BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
@@ -173,6 +180,8 @@ CASES: dict[str, tuple] = {
     # models
     "teacher folder missing": (lambda w: w.distill(f"teacher.model={w.tmp / 'gone'}"), ["gone", "does not exist"]),
     "teacher folder without config": (lambda w: w.distill(f"teacher.model={w.glue}"), ["no config.json"]),
+    "teacher folder without tokenizer": (lambda w: w.distill(f"teacher.model={_teacher_without_tokenizer(w)}"),
+                                         ["no-tokenizer has no tokenizer files", "save the tokenizer"]),
     "misspelt alias": (lambda w: w.distill("teacher.model=minilm-l7"), ["minilm-l7", "did you mean", "minilm-l6"]),
     "hub id while offline": (lambda w: w.distill("teacher.model=bert-base-uncasedd"), ["HF_HUB_OFFLINE"]),
     "inputs longer than positions": (
@@ -183,7 +192,7 @@ CASES: dict[str, tuple] = {
                             "method.name=tinybert"), ["method tinybert", "token by token", "its own tokenizer", "kd"]),
     "student tokenizer that cannot encode": (
         lambda w: w.distill("student.init=pretrained", f"student.pretrained={_student_with_empty_vocabulary(w)}"),
-        ["empty-vocab", "cannot encode", "tokenizer files"]),
+        ["empty-vocab", "holds no vocabulary", "tokenizer files"]),
     "teacher layer out of range": (lambda w: w.distill("student.init=teacher_layers", "student.layers=2",
                                                        "student.teacher_layers=[1,9]"), ["teacher_layers", "between 1"]),
     "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),

@@ -1,5 +1,7 @@
 """The Features view, the teacher and the student builders."""
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -96,3 +98,38 @@ def test_student_shapes_and_clear_errors(tiny_teacher):
                       glue_task("sst2"))
     with pytest.raises(ValueError, match="not divisible"):
         build_student(StudentConfig(layers=2, hidden=18, heads=4, init="random"), teacher.model, glue_task("sst2"))
+
+
+def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_order(tmp_path, tiny_teacher, caplog):
+    """An MNLI-style teacher whose id2label lists the task's labels in another order: matched by name, not by
+    position (by position its every answer would count as the other label)."""
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    teacher = tmp_path / "teacher"
+    model = BertForSequenceClassification.from_pretrained(tiny_teacher)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([0.0, 20.0]))  # says "pos" to everything
+    model.save_pretrained(teacher)
+    BertTokenizerFast.from_pretrained(tiny_teacher).save_pretrained(teacher)
+    rows = "text\tlabel\n" + "the film was good\tpos\na dull film\tneg\n" * 8
+    (tmp_path / "train.tsv").write_text(rows)
+    (tmp_path / "dev.tsv").write_text("text\tlabel\ngood\tpos\ngreat\tpos\nfun\tpos\ndull\tneg\n")  # 3 of 4 "pos"
+    for order in (["neg", "pos"], ["pos", "neg"]):
+        out = tmp_path / f"run-{order[0]}"
+        sets = ["task.name=custom", "task.text_columns=[text]", f"task.labels=[{order[0]}, {order[1]}]",
+                f"task.train_file={tmp_path / 'train.tsv'}", f"task.dev_file={tmp_path / 'dev.tsv'}",
+                f"teacher.model={teacher}", "method.name=kd", "student.init=teacher_layers", "student.layers=1",
+                "train.max_steps=1", "train.mixed_precision=no", f"output.dir={out}"]
+        caplog.clear()
+        result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["teacher_scores"]["dev"]["accuracy"] == 0.75, order
+        saved = BertForSequenceClassification.from_pretrained(out / "best").config
+        assert [saved.id2label[i] for i in range(2)] == order  # the student answers in the task's names
+        assert ("its outputs are reordered" in caplog.text) == (order[0] == "pos")
+    assert BertForSequenceClassification.from_pretrained(teacher).config.id2label == {0: "neg", 1: "pos"}

@@ -32,7 +32,7 @@ from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.hub import cache_root
-from distilkit.models.student import build_student, load_tokenizer
+from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource
 from distilkit.train.distiller import Distiller, make_accelerator
@@ -153,7 +153,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     if config.teacher.first and config.student.init == "pretrained" and config.student.kind == "transformer":
         try:
             student_tokenizer = load_tokenizer(config.student.pretrained, trust)
-        except (OSError, ValueError, TypeError):  # a folder without tokenizer files: the embedding size is checked below
+        except (OSError, TypeError, NoTokenizerFiles):  # a folder without tokenizer files: the embedding size is checked below
             student_tokenizer = None
         if student_tokenizer is not None and student_tokenizer.get_vocab() != tokenizer.get_vocab():
             check_own_tokenizer(config, task, method_cls)

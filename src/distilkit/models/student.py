@@ -176,9 +176,27 @@ def load_student(directory: str | Path) -> Student:
         raise refused_pickle(directory) from None
 
 
+class NoTokenizerFiles(ValueError):
+    """A model folder saved without its tokenizer (model.save_pretrained alone)."""
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spm.model", "spiece.model", "tokenizer.model",
+                   "sentencepiece.bpe.model")
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
-    """A model's tokenizer; custom tokenizer code runs only when trusted (never asks on a terminal)."""
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
+    """A model's tokenizer; custom tokenizer code runs only when trusted (never asks on a terminal).
+    A folder without tokenizer files, or with an empty vocabulary, comes back from transformers as a tokenizer
+    of special tokens only, which reads every word as unknown: refused here, since a run on it trains on [UNK]s."""
+    path = resolve_model(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if len(tokenizer.get_vocab()) > len(tokenizer.all_special_tokens):
+        return tokenizer
+    if Path(path).is_dir() and not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise NoTokenizerFiles(f"{name_or_path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...): "
+                               "save the tokenizer beside the model (tokenizer.save_pretrained(folder))")
+    raise ValueError(f"the tokenizer of {name_or_path} holds no vocabulary, only {len(tokenizer.get_vocab())} special "
+                     "tokens: give it the tokenizer files it was trained with (tokenizer.json or vocab.txt)")
 
 
 def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None, task: TaskSpec) -> Student:

@@ -76,6 +76,10 @@ class Teacher:
                 self.model.config.num_labels != task.num_labels:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
+        if self.head == "ForSequenceClassification" and task is not None and task.label_names:
+            order = label_order(self.model.config, task, name_or_path)
+            if order is not None:
+                reorder_classifier(self.model, order, name_or_path)
         self.mixed_precision = mixed_precision
         self.forward_passes = 0  # batches run through the model
         self.packing = False  # packed batches (train.packing), the same features as padded ones
@@ -128,6 +132,47 @@ class Teacher:
             digest.update(self.mixed_precision.encode())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
+
+
+def label_order(config, task: TaskSpec, name: str) -> list[int] | None:
+    """Which teacher output scores each of the task's labels, when the teacher names its labels in another
+    order (e.g. an MNLI teacher saved with contradiction first): the task's label i is the teacher's output
+    order[i]. None when the order is the task's, or cannot be told (LABEL_0... names: then by position)."""
+    teacher_names = [str(config.id2label[i]) for i in range(config.num_labels)]
+    if all(n.startswith("LABEL_") and n[6:].isdigit() for n in teacher_names):
+        return None
+    folded = [n.strip().lower() for n in teacher_names]
+    for task_names in dict.fromkeys([task.label_names, task.labels]):
+        wanted = [str(n).strip().lower() for n in task_names or ()]
+        if wanted == folded:
+            return None
+        if sorted(wanted) == sorted(folded):
+            log.warning("teacher %s orders its labels %s; the task's order is %s: its outputs are reordered to "
+                        "the task's", name, teacher_names, list(task_names))
+            return [folded.index(n) for n in wanted]
+    log.warning("teacher %s names its labels %s, not the task's %s: they are matched by position (the teacher's "
+                "first output is the task's first label ...); if that is wrong, list task.labels in the teacher's "
+                "order", name, teacher_names, list(task.label_names))
+    return None
+
+
+def reorder_classifier(model, order: list[int], name: str) -> None:
+    """Puts the classifier's output rows in the task's label order (in memory; the teacher's folder is untouched),
+    so logits, scores, the cache key and a head copied into the student all follow the task's order."""
+    prefix = model.base_model_prefix
+    outputs = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and m.out_features == len(order) and not n.startswith(prefix)]
+    if len(outputs) != 1:
+        raise ValueError(f"teacher {name} orders its labels otherwise than the task and its output layer cannot be "
+                         "found to reorder it: list task.labels in the teacher's order (its config's id2label)")
+    index = torch.tensor(order)
+    with torch.no_grad():
+        outputs[0].weight.copy_(outputs[0].weight[index])
+        if outputs[0].bias is not None:
+            outputs[0].bias.copy_(outputs[0].bias[index])
+    old = dict(model.config.id2label)
+    model.config.id2label = {i: old[j] for i, j in enumerate(order)}
+    model.config.label2id = {label: i for i, label in model.config.id2label.items()}
 
 
 def average_logits(logits: list[torch.Tensor], mix: list[float]) -> torch.Tensor:
