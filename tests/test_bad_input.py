@@ -174,6 +174,11 @@ CASES: dict[str, tuple] = {
     "wrong field count": (lambda w: w.custom(w.file("fields.tsv", TSV + "one\ttwo\tthree\n")),
                           ["fields.tsv:4", "tab-separated"]),
     "missing column": (lambda w: w.custom(w.file("cols.tsv", "sentence\tlabel\nhi\t1\n")), ["cols.tsv", "lacks"]),
+    "csv without the label column": (lambda w: w.custom(w.file("nolabel.csv", "text,target\nhi,1\n")),
+                                     ["nolabel.csv: header lacks column(s) ['label']", "task.label_column"]),
+    "jsonl row without a text column": (
+        lambda w: w.custom(w.file("rows.jsonl", '{"text": "a", "label": "1"}\n{"sentence": "b", "label": "0"}\n')),
+        ["rows.jsonl:2: missing text column 'text'", "['label', 'sentence']"]),
     "broken jsonl dev line": (lambda w: w.custom(w.file("t.tsv", TSV), dev=w.file("dev.jsonl", '{"text": "a", "label": "1"}\n{"text": \n')),
                               ["dev.jsonl:2", "not valid JSON"]),
     "bad dev label": (lambda w: w.distill(f"data.dir={w.bad_dev}"), ["dev.tsv:3", "'7'"]),

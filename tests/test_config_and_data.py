@@ -208,3 +208,14 @@ def test_a_split_is_read_from_the_task_and_data_settings_alone(tmp_path, glue_di
         read_split(custom, "dev", DataConfig())
     with pytest.raises(DataError, match="no data directory"):
         read_split(sst2, "dev", DataConfig())  # neither data.dir nor $DISTILKIT_DATA
+
+
+def test_correlation_of_a_constant_prediction_is_zero_not_nan():
+    from distilkit.evaluate.metrics import compute_metrics
+
+    stsb = glue_task("stsb")
+    labels = np.array([1.0, 2.0, 4.0])
+    assert compute_metrics(stsb, np.full((3, 1), 2.5), labels) == {"pearson": 0.0, "spearman": 0.0}
+    # by hand: deviations (-1, 0, 1) and (-4/3, -1/3, 5/3): r = 3 / sqrt(2 * 42/9); the ranks agree exactly
+    scores = compute_metrics(stsb, np.array([[1.0], [2.0], [3.0]]), labels)
+    assert scores["pearson"] == pytest.approx(3 / np.sqrt(2 * 42 / 9)) and scores["spearman"] == pytest.approx(1.0)

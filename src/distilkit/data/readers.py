@@ -123,7 +123,8 @@ def _parse_label(task: TaskSpec, raw: str | int | float | None, where: str) -> i
         try:
             return float(raw)
         except ValueError:
-            raise DataError(f"{where}: regression target {raw!r} is not a number") from None
+            raise DataError(f"{where}: regression target {raw!r} is not a number; for classes, list them in "
+                            "task.labels (e.g. labels: [neg, pos])") from None
     text = str(raw).strip()
     if isinstance(raw, float) and raw.is_integer():
         text = str(int(raw))
@@ -137,8 +138,11 @@ def _row_to_example(task: TaskSpec, row: dict, where: str, labeled: bool) -> Exa
     for column in task.text_columns:
         value = row.get(column)
         if value is None:
-            raise DataError(f"{where}: missing text column {column!r}")
+            raise DataError(f"{where}: missing text column {column!r}; the row has {sorted(row)}")
         texts.append(str(value))
+    if labeled and task.label_column not in row:
+        raise DataError(f"{where}: no label column {task.label_column!r}; the row has {sorted(row)} "
+                        "(task.label_column names it)")
     label = _parse_label(task, row.get(task.label_column), where) if labeled else None
     return Example(tuple(texts), label)
 
@@ -162,10 +166,7 @@ def _read_tsv(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
             header = next(reader, None)
             if header is None:
                 raise DataError(f"{path}: empty file")
-        needed = set(task.text_columns) | ({task.label_column} if labeled else set())
-        missing = needed - set(header)
-        if missing:
-            raise DataError(f"{path}: header lacks column(s) {sorted(missing)}; header is {header}")
+        _check_header(task, path, header, labeled)
         first_line = 1 if task.headerless_columns else 2
         for line_no, fields in enumerate(reader, start=first_line):
             if not fields:
@@ -175,6 +176,14 @@ def _read_tsv(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
                 raise DataError(f"{where}: expected {len(header)} tab-separated fields, found {len(fields)}")
             examples.append(_row_to_example(task, dict(zip(header, fields)), where, labeled))
     return examples
+
+
+def _check_header(task: TaskSpec, path: Path, header: list[str], labeled: bool) -> None:
+    needed = set(task.text_columns) | ({task.label_column} if labeled else set())
+    missing = needed - set(header)
+    if missing:
+        raise DataError(f"{path}: header lacks column(s) {sorted(missing)}; header is {header} "
+                        "(task.text_columns and task.label_column name them)")
 
 
 def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
@@ -208,6 +217,9 @@ def _read_table(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
         examples = []
         with open(path, encoding="utf-8-sig", newline="") as f:
             reader = csv.DictReader(f)
+            if reader.fieldnames is None:
+                raise DataError(f"{path}: empty file")
+            _check_header(task, path, reader.fieldnames, labeled)
             for line_no, row in enumerate(reader, start=2):
                 where = f"{path}:{line_no}"
                 if None in row:

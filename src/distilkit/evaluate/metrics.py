@@ -27,10 +27,12 @@ def compute_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> d
             scores[name] = float(f1_score(labels, predictions))
         elif name == "matthews":
             scores[name] = float(matthews_corrcoef(labels, predictions))
-        elif name == "pearson":
-            scores[name] = float(pearsonr(predictions, labels)[0])
-        elif name == "spearman":
-            scores[name] = float(spearmanr(predictions, labels)[0])
+        elif name in ("pearson", "spearman"):
+            # a constant prediction correlates 0 (SciPy: undefined, NaN), as MCC scores constant classes; a NaN
+            # would be kept as the "best" checkpoint and is not JSON
+            constant = np.ptp(predictions) == 0 or np.ptp(labels) == 0
+            correlation = pearsonr if name == "pearson" else spearmanr
+            scores[name] = 0.0 if constant else float(correlation(predictions, labels)[0])
         else:
             raise ValueError(f"unknown metric {name!r}")
     return scores
