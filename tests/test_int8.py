@@ -123,3 +123,35 @@ def test_calibration_reads_the_dev_sentences_themselves(tmp_path, tiny_teacher, 
                                                           return_tensors="np")["input_ids"]
     assert source == "32 sst2 dev sentences" and len(feeds) == 1
     assert np.array_equal(feeds[0]["input_ids"], expected)
+
+
+def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_files(tmp_path, tiny_teacher,
+                                                                                  monkeypatch):
+    """Its task (columns, labels, files) is recorded with it, so `evaluate` and `export --int8` need no task
+    options, from any working directory."""
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("review,sentiment\n" + "the film was good,pos\na dull film,neg\n" * 8)
+    (data / "dev.jsonl").write_text("".join(json.dumps({"review": t, "sentiment": s}) + "\n" for t, s in
+                                            [("good", "pos"), ("dull", "neg"), ("great fun", "pos")]))
+    monkeypatch.chdir(data)  # the run names its files relative to where it was started
+    sets = ["task.name=custom", "task.text_columns=[review]", "task.label_column=sentiment", "task.labels=[neg, pos]",
+            "task.train_file=train.csv", "task.dev_file=dev.jsonl", f"teacher.model={tiny_teacher}",
+            "method.name=kd", "student.init=teacher_layers", "student.layers=1", "train.max_steps=2",
+            "train.mixed_precision=no", f"output.dir={tmp_path / 'run'}"]
+    run = CliRunner().invoke
+    result = run(app, ["distill"] + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(tmp_path)
+    result = run(app, ["evaluate", str(tmp_path / "run" / "final")])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
+    result = run(app, ["export", str(tmp_path / "run" / "final"), str(tmp_path / "deploy"), "--int8"])
+    assert result.exit_code == 0, result.output
+    check = int8_check(json.loads(result.stdout)["int8"])
+    assert check["checked"] and check["calibration"] == "3 custom dev sentences"

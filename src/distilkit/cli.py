@@ -111,7 +111,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                  "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
-    from distilkit.config import DataConfig, TaskConfig, apply_overrides
+    from distilkit.config import DataConfig, apply_overrides, task_config
     from distilkit.data.qa_windows import task_dataset
     from distilkit.data.readers import read_split
     from distilkit.data.tasks import task_spec
@@ -123,13 +123,14 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     try:
         path = resolve_model(model)
         meta = read_metadata(Path(path))
-        task = task or meta.get("task")
-        if not task:
+        if not (task or meta.get("task")):
             raise ValueError(f"{model} does not record its task: pass --task")
         spans = "doc_stride" in meta  # a SQuAD model reads windows of the length and stride it trained on
-        fields = apply_overrides({"name": task, **({"doc_stride": meta["doc_stride"]} if spans else {})},
+        recorded = meta.get("task_config") if task in (None, meta.get("task")) else None  # its files, labels...
+        fields = apply_overrides(recorded or {"name": task or meta["task"],
+                                              **({"doc_stride": meta["doc_stride"]} if spans else {})},
                                  list(task_set or []))
-        spec, settings = task_spec(TaskConfig.model_validate(fields)), DataConfig(dir=data)
+        spec, settings = task_spec(task_config(fields)), DataConfig(dir=data)
         length = max_length or (meta.get("max_length", 128) if spans else 128)
         tokenizer = load_tokenizer(path)
         student = load_student(path)

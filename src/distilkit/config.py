@@ -107,6 +107,16 @@ class TaskConfig(StrictModel):
         return self
 
 
+    def recorded(self) -> dict:
+        """The fields a saved student records (distilkit.json), its files made absolute: `distilkit evaluate` and
+        `export --int8` re-read a custom task's data from them, from any working directory."""
+        fields = self.model_dump(mode="json", exclude_defaults=True)
+        for key in ("train_file", "dev_file", "test_file"):
+            if fields.get(key) and Path(fields[key]).exists():
+                fields[key] = str(Path(fields[key]).resolve())
+        return {"name": self.name, **fields}
+
+
 class CorpusConfig(StrictModel):
     """Unlabeled text for task-agnostic distillation (task.name: unlabeled), streamed from disk."""
 
@@ -356,6 +366,14 @@ def method_params(value: Any) -> MethodParams:
         return _METHOD_PARAMS[value["name"]].model_validate(value)
     except ValidationError as err:
         raise ValueError(_describe(err, prefix="method")) from None
+
+
+def task_config(fields: dict) -> TaskConfig:
+    """A task alone (`distilkit evaluate`, a saved student's recorded task), its errors as one line."""
+    try:
+        return TaskConfig.model_validate(fields)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, prefix="task")) from None
 
 
 def _describe(err: ValidationError, prefix: str = "") -> str:

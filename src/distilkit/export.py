@@ -127,7 +127,7 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     feeds, source = calibration_feeds(Path(model_dir or onnx_path.parent), texts)
     if feeds is None:
         _quantize(onnx_path, out_path, [])
-        log.warning("int8 %s: not checked against fp32 (%s); pass calibration text to check it", out_path, source)
+        log.warning("int8 %s: not checked against fp32 (%s)", out_path.name, source)
         return _record(out_path, {"checked": False, "why_not": source})
     fp32 = _run(onnx_path, feeds)
     agreement = _quantize_and_compare(onnx_path, out_path, [], feeds, fp32)
@@ -241,12 +241,13 @@ def calibration_feeds(model_dir: Path, texts: list | None = None, batch_size: in
 def _unlabelled_text(meta: dict) -> tuple[list | None, str, str]:
     """The examples of the student's task's first dev split, else of its train split (only their text is used),
     the split's name, and why neither could be read."""
-    from distilkit.config import DataConfig
+    from distilkit.config import DataConfig, task_config
     from distilkit.data.readers import read_split
-    from distilkit.data.tasks import named_task
+    from distilkit.data.tasks import named_task, task_spec
 
-    try:
-        task = named_task(meta["task"])
+    try:  # a custom task's files and columns are recorded with it
+        task = task_spec(task_config(meta["task_config"])) if "task_config" in meta \
+            else named_task(meta["task"])
     except (KeyError, ValueError) as err:  # no task recorded, or one distilkit does not know
         return None, "", str(err)
     why_not = ""

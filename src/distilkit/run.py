@@ -235,7 +235,8 @@ def student_metadata(run: BuiltRun) -> dict:
     config = run.config
     origin = {"pretrained": config.student.pretrained, "teacher_layers": config.teacher.first}.get(config.student.init)
     doc = (inspect.getmodule(get_method(config.method.name)).__doc__ or "").strip()
-    return {"task": run.task.name, "labels": list(run.task.label_names) if run.task.labels else None,
+    return {"task": run.task.name, "task_config": config.task.recorded(),
+            "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": config.data.max_length, "method": config.method.name,
             "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
             "dataset": hub_id(config.task.dataset), "teacher": config.teacher.first,
