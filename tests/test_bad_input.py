@@ -200,6 +200,8 @@ CASES: dict[str, tuple] = {
         ["empty-vocab", "holds no vocabulary", "tokenizer files"]),
     "teacher layer out of range": (lambda w: w.distill("student.init=teacher_layers", "student.layers=2",
                                                        "student.teacher_layers=[1,9]"), ["teacher_layers", "between 1"]),
+    "a preset's shape with teacher layers": (lambda w: w.distill("student.preset=S3-384", "student.init=teacher_layers"),
+                                            ["student.preset=S3-384 (its hidden 384) differs", "student.layers"]),
     "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),
     "student deeper than teacher": (lambda w: w.distill("student.init=teacher_layers", "student.layers=9"),
                                     ["9-layer student"]),

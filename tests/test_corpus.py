@@ -14,6 +14,7 @@ from conftest import FILLER, NEGATIVE, POSITIVE
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
 from distilkit.data.masking import IGNORE_INDEX, MaskedBatches, mask_tokens
+from distilkit.data.readers import DataError
 from distilkit.run import run_experiment
 
 
@@ -209,3 +210,14 @@ def test_unlabeled_runs_need_a_corpus_steps_and_no_labels(tmp_path, tiny_base_mo
     config["method"] = {"name": "finetune"}
     with pytest.raises(ValueError, match="gold labels"):
         run_experiment(build_config(config))
+
+
+def test_a_corpus_of_one_document_says_why_nothing_is_held_out(tmp_path, tokenizer):
+    """One sentence per line, no blank line between documents: the whole file is one document, which falls in
+    training (held-out documents are chosen whole), so there is nothing to score on."""
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"the film was good number {i} .\n" for i in range(40)))
+    corpus = TextCorpus([path], tokenizer, max_length=24, unit="packed", heldout_fraction=0.01)
+    with pytest.raises(DataError, match=r"of its 1 document\(s\) \(blank lines separate documents\) none fell in the "
+                                        r"held-out 0\.01; separate documents by blank lines"):
+        corpus.heldout()

@@ -407,7 +407,7 @@ output: {{dir: {tmp_path / 'run'}}}
     assert "Traceback" not in result.stderr
     message = " ".join(result.stderr.split())  # rich wraps long lines on narrow terminals
     assert "distilbert student: student.init=teacher_layers copies whole layers" in message
-    assert "student.ffn=24 differs: drop it or use init=random" in message
+    assert "student.ffn=24 differs: drop it (student.layers sets the depth) or use init=random" in message
 
 
 def test_unsupported_model_type_is_refused_in_one_line(tmp_path):

@@ -201,14 +201,18 @@ class TextCorpus:
     def heldout(self) -> TokenizedDataset:
         """The held-out set: the first `heldout_examples` examples of held-out documents, in corpus order."""
         texts: list[str] = []
+        seen = 0
         for _, _, lines in self._chunks():
-            held = [d for d in self._documents(lines) if self._is_heldout(d[0])]
-            texts += self._examples(held)
+            documents = self._documents(lines)
+            seen += len(documents)
+            texts += self._examples([d for d in documents if self._is_heldout(d[0])])
             if len(texts) >= self.heldout_examples:
                 break
         if not texts:
-            raise DataError(f"the corpus has no held-out document (heldout_fraction={self.heldout_fraction}); "
-                            "raise data.corpus.heldout_fraction or add text")
+            raise DataError(f"the corpus has no held-out document: of its {seen} document(s) (blank lines separate "
+                            f"documents) none fell in the held-out {self.heldout_fraction:g}; separate documents by "
+                            "blank lines, add text, or raise the held-out fraction (data.corpus.heldout_fraction; "
+                            "fit-mlm-head --heldout-fraction)")
         return self._dataset(texts[: self.heldout_examples])
 
     def batches(self, batch_size: int, seed: int, epoch: int, position: dict | None, min_batch: int = 2

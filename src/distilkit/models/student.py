@@ -241,10 +241,12 @@ def _chosen_teacher_layers(cfg: StudentConfig, family, teacher_config, shape: di
     teacher_shape = family.shape(teacher_config)
     for knob in ("hidden", "heads", "ffn"):
         if shape.get(knob) is not None and shape[knob] != teacher_shape.get(knob):
+            setting = f"student.{knob}={shape[knob]}" if getattr(cfg, knob) is not None else \
+                f"student.preset={cfg.preset} (its {knob} {shape[knob]})"
             raise FamilyError(f"{family.name} student: student.init=teacher_layers copies whole layers, so hidden, "
                               f"heads and ffn must equal the teacher's ({teacher_shape['hidden']}, "
-                              f"{teacher_shape['heads']}, {teacher_shape['ffn']}); student.{knob}={shape[knob]} "
-                              "differs: drop it or use init=random for other shapes")
+                              f"{teacher_shape['heads']}, {teacher_shape['ffn']}); {setting} "
+                              "differs: drop it (student.layers sets the depth) or use init=random for other shapes")
     n_teacher = teacher_shape["layers"]
     n_student = shape.get("layers") or n_teacher
     chosen = cfg.teacher_layers or (list(range(1, n_student + 1)) if cfg.layer_selection == "first"
