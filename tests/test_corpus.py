@@ -106,10 +106,7 @@ def test_every_training_batch_is_full_even_where_a_chunk_leaves_a_remainder(tmp_
     stopped on a batch of one); a corpus too small for one full batch still serves what it has."""
     path = write_corpus(tmp_path / "c.txt", documents=80)
     corpus = TextCorpus([path], tokenizer, max_length=32, unit="sentence", heldout_fraction=0.0, chunk_lines=23)
-    sizes, ids = [], []
-    for file_index, offset, lines in corpus._chunks():
-        examples = len(corpus._examples(corpus._documents(lines)))
-        sizes.append(examples)
+    sizes = [len(corpus._examples(corpus._documents(lines))) for _, _, lines in corpus._chunks()]
     assert any(n % 8 for n in sizes) and all(n >= 8 for n in sizes)  # remainders exist to be dropped
     served = [len(b) for b, _, _ in all_batches(corpus, batch_size=8)]
     kept = [n if n % 8 == 1 else n - n % 8 for n in sizes]  # a lone leftover rides along in a batch of 9
