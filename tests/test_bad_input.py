@@ -70,6 +70,17 @@ def _teacher_without_tokenizer(w: Where) -> Path:
     return directory
 
 
+def _pair_model(w: Where) -> Path:
+    """A saved student of MRPC (sentence pairs)."""
+    import shutil
+
+    from distilkit.models.student import write_metadata
+
+    directory = shutil.copytree(w.teacher, w.tmp / "mrpc-student")
+    write_metadata(directory, {"kind": "transformer", "task": "mrpc", "labels": ["0", "1"], "max_length": 32})
+    return directory
+
+
 def _pickled_model(w: Where) -> Path:
     directory = w.tmp / "pickled"
     BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
@@ -238,6 +249,8 @@ CASES: dict[str, tuple] = {
     # predict, evaluate, export, recipe, bench
     "predict without input": (lambda w: ["predict", str(w.teacher)], ["give text"]),
     "predict empty text": (lambda w: ["predict", str(w.teacher), "good", " "], ["input 2 is empty"]),
+    "predict one text to a pair model": (lambda w: ["predict", str(_pair_model(w)), "a good film"],
+                                         ["trained on pairs (task mrpc)", "'first text ||| second text'"]),
     "predict mixed forms": (lambda w: ["predict", str(w.teacher), "a", "b ||| c"], ["mix of single texts"]),
     "predict text too long": (lambda w: ["predict", str(w.teacher), LONG, "--max-length", "200"],
                               ["64 positions", "--max-length"]),

@@ -255,6 +255,11 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
         if len({len(e.texts) for e in examples}) != 1:
             raise ValueError("mix of single texts and pairs: give all inputs in the same form")
         meta = read_metadata(model)
+        reads = _texts_per_input(meta)
+        if reads and len(examples[0].texts) != reads:
+            pair = "'question ||| context'" if "doc_stride" in meta else "'first text ||| second text'"
+            raise ValueError(f"{model} was trained on {'pairs' if reads == 2 else 'single texts'} (task "
+                             f"{meta['task']}): give each input as " + (pair if reads == 2 else "one text, without |||"))
         tokenizer = load_tokenizer(str(model))
         student = inference_model(model, onnx=use_onnx, int8=int8)
         if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context', read in windows
@@ -280,6 +285,17 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             probs = torch.softmax(torch.from_numpy(row), -1)
             best = int(probs.argmax())
             print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+def _texts_per_input(meta: dict) -> int | None:
+    """How many texts each input of a saved model's task has (1, or 2 for pairs); None when it is not recorded."""
+    from distilkit.config import task_config
+    from distilkit.data.tasks import task_spec
+
+    try:
+        return len(task_spec(task_config(meta.get("task_config") or {"name": meta["task"]})).text_columns)
+    except (KeyError, ValueError):  # no task recorded, or one this distilkit does not know
+        return None
 
 
 def _answers(student, tokenizer, meta: dict, examples) -> list[dict]:
