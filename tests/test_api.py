@@ -48,5 +48,9 @@ def test_distil_takes_a_yaml_path_and_refuses_data_without_a_custom_task(tmp_pat
     assert result.student.config.id2label == {0: "negative", 1: "positive"}
     with pytest.raises(ValueError, match="need a custom task"):
         distil({"task": {"name": "sst2"}}, train=Dataset.from_dict({"text": ["a"], "label": [0]}))
+    with pytest.raises(ValueError, match=r"the train dataset lacks column\(s\) \['label'\]; its columns are "
+                                         r"\['text', 'target'\]"):
+        distil({"task": {"name": "custom", "text_columns": ["text"], "labels": ["0", "1"]}},
+               train=Dataset.from_dict({"text": ["a"], "target": [0]}))
     with pytest.raises(ValueError, match="needs its tokenizer"):
         distil({}, teacher=result.student)

@@ -119,6 +119,11 @@ def distil(config: str | Path | dict | ExperimentConfig | None = None, *, teache
         if task.get("labels") is None and names:
             task["labels"] = list(names)
         for name, value in splits.items():
+            needed = list(task.get("text_columns") or []) + ([task.get("label_column", "label")] if name != "test" else [])
+            missing = [c for c in needed if c not in value.column_names]
+            if missing:  # said of the caller's dataset, not of the parquet file it is saved as
+                raise ValueError(f"the {name} dataset lacks column(s) {missing}; its columns are {value.column_names} "
+                                 "(task.text_columns and task.label_column name them)")
             task[f"{name}_file"] = str(save_split(value, name))
         data["task"] = task
     experiment = build_config(data)
