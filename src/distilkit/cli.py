@@ -117,19 +117,19 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.hub import resolve_model
-    from distilkit.models.student import load_student, load_tokenizer, read_metadata
+    from distilkit.models.student import load_student, load_tokenizer, read_metadata, recorded_task
     from distilkit.run import capped
 
     try:
         path = resolve_model(model)
         meta = read_metadata(Path(path))
-        if not (task or meta.get("task")):
+        recorded = recorded_task(meta)  # a custom task's files, columns and labels too
+        if task and (recorded is None or task != recorded["name"]):  # a SQuAD model keeps the stride it trained on
+            recorded = {"name": task, **{k: v for k, v in (recorded or {}).items() if k == "doc_stride"}}
+        if recorded is None:
             raise ValueError(f"{model} does not record its task: pass --task")
-        spans = "doc_stride" in meta  # a SQuAD model reads windows of the length and stride it trained on
-        recorded = meta.get("task_config") if task in (None, meta.get("task")) else None  # its files, labels...
-        fields = apply_overrides(recorded or {"name": task or meta["task"],
-                                              **({"doc_stride": meta["doc_stride"]} if spans else {})},
-                                 list(task_set or []))
+        spans = "doc_stride" in meta  # a SQuAD model reads windows of the length it trained on
+        fields = apply_overrides(recorded, list(task_set or []))
         spec, settings = task_spec(task_config(fields)), DataConfig(dir=data)
         length = max_length or (meta.get("max_length", 128) if spans else 128)
         tokenizer = load_tokenizer(path)
@@ -291,10 +291,11 @@ def _texts_per_input(meta: dict) -> int | None:
     """How many texts each input of a saved model's task has (1, or 2 for pairs); None when it is not recorded."""
     from distilkit.config import task_config
     from distilkit.data.tasks import task_spec
+    from distilkit.models.student import recorded_task
 
     try:
-        return len(task_spec(task_config(meta.get("task_config") or {"name": meta["task"]})).text_columns)
-    except (KeyError, ValueError):  # no task recorded, or one this distilkit does not know
+        return len(task_spec(task_config(recorded_task(meta))).text_columns) if recorded_task(meta) else None
+    except ValueError:  # a task this distilkit does not know
         return None
 
 

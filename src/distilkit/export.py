@@ -21,7 +21,7 @@ import torch
 
 from distilkit.card import CARD_FILE, write_card
 from distilkit.models.features import Features, head_logits
-from distilkit.models.student import TransformerStudent, load_student, read_metadata
+from distilkit.models.student import TransformerStudent, load_student, read_metadata, recorded_task
 
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
@@ -243,12 +243,14 @@ def _unlabelled_text(meta: dict) -> tuple[list | None, str, str]:
     the split's name, and why neither could be read."""
     from distilkit.config import DataConfig, task_config
     from distilkit.data.readers import read_split
-    from distilkit.data.tasks import named_task, task_spec
+    from distilkit.data.tasks import task_spec
 
-    try:  # a custom task's files and columns are recorded with it
-        task = task_spec(task_config(meta["task_config"])) if "task_config" in meta \
-            else named_task(meta["task"])
-    except (KeyError, ValueError) as err:  # no task recorded, or one distilkit does not know
+    recorded = recorded_task(meta)  # a custom task's files and columns too
+    if recorded is None:
+        return None, "", "the model does not record its task"
+    try:
+        task = task_spec(task_config(recorded))
+    except ValueError as err:  # a task this distilkit does not know
         return None, "", str(err)
     why_not = ""
     for split in (*task.dev_splits[:1], "train"):

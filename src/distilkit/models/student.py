@@ -151,6 +151,16 @@ def read_metadata(directory: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"kind": "transformer"}
 
 
+def recorded_task(meta: dict) -> dict | None:
+    """The task fields a saved model was trained with (a custom task's files, columns and labels too), or None.
+    Students saved before `task_config` was recorded give their task's name (and a SQuAD model its stride)."""
+    if "task_config" in meta:
+        return dict(meta["task_config"])
+    if "task" not in meta:
+        return None
+    return {"name": meta["task"], **({"doc_stride": meta["doc_stride"]} if "doc_stride" in meta else {})}
+
+
 # kind -> (builder, loader); builder(cfg, teacher_model | None, task) -> Student
 STUDENT_KINDS: dict[str, tuple[Callable, Callable]] = {}
 
