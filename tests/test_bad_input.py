@@ -81,6 +81,16 @@ def _pair_model(w: Where) -> Path:
     return directory
 
 
+def _bilstm_student(w: Where) -> Path:
+    """A saved BiLSTM student (SRA / Tang et al.), which has no ONNX export."""
+    from distilkit.models.bilstm import BiLSTMStudent
+
+    tokenizer = BertTokenizerFast.from_pretrained(w.teacher)
+    BiLSTMStudent(len(tokenizer), teacher_width=12, num_labels=2, pair=False, embedding_dim=6, hidden=5,
+                  head_hidden=7).save(w.tmp / "bilstm", tokenizer, {"task": "sst2"})
+    return w.tmp / "bilstm"
+
+
 def _pickled_model(w: Where) -> Path:
     directory = w.tmp / "pickled"
     BertForSequenceClassification(tiny_bert_config(40, layers=1)).save_pretrained(directory)
@@ -258,6 +268,8 @@ CASES: dict[str, tuple] = {
     "predict ONNX not exported": (lambda w: ["predict", str(w.teacher), "hi", "--onnx"], ["model.onnx",
                                                                                            "distilkit export"]),
     "evaluate without task": (lambda w: ["evaluate", str(w.teacher)], ["--task"]),
+    "ONNX export of a BiLSTM student": (lambda w: ["export", str(_bilstm_student(w)), str(w.tmp / "deploy"), "--onnx"],
+                                        ["bilstm holds a bilstm student", "without --onnx"]),
     "export into a full folder": (lambda w: ["export", str(w.teacher), str(w.glue)], ["not empty"]),
     "unknown --preset name": (lambda w: ["distill", "--preset", "kd-sst3"], ["kd-sst3"]),
     "bench plan missing": (lambda w: ["bench", str(w.tmp / "s.yaml")], ["s.yaml"]),

@@ -53,12 +53,17 @@ def _sample_inputs(model, tokenizer) -> dict[str, torch.Tensor]:
     return {k: v for k, v in encoded.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
+def refuse_unexportable(student, where: Path) -> None:
+    if not isinstance(student, TransformerStudent) or student.kind != "transformer":
+        raise TypeError(f"ONNX export supports plain Transformer students; {where} holds a {student.kind} student "
+                        "(export it without --onnx and --int8)")
+
+
 def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) -> Path:
     """ONNX with dynamic batch and sequence axes; fails unless it matches PyTorch within 1e-4."""
     model_dir = Path(model_dir)
     student = load_student(model_dir)
-    if not isinstance(student, TransformerStudent) or student.kind != "transformer":
-        raise TypeError(f"ONNX export supports plain Transformer students; {model_dir} holds a {student.kind} student")
+    refuse_unexportable(student, model_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
@@ -327,6 +332,8 @@ def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = 
     destination = Path(destination)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise FileExistsError(f"{destination} is not empty; choose a new folder")
+    if onnx or int8:  # refused before anything is written, naming the model folder (not the staging one)
+        refuse_unexportable(load_student(model_dir), model_dir)
     destination.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
     try:
