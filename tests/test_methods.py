@@ -183,3 +183,23 @@ def test_in_batch_negatives_survive_a_training_set_one_past_a_whole_number_of_ba
         "output": {"dir": str(tmp_path / "run")}})
     metrics = run_experiment(config)
     assert metrics["steps"] == 2
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cached", "live"])
+def test_regression_kd_trains_from_a_live_teacher_as_from_a_cached_one(tmp_path, glue_dir, tiny_base_model, cache):
+    """A live teacher's outputs come from inference mode; an MSE to them (STS-B's KD) must still backpropagate
+    (torch refuses to save an inference tensor for backward)."""
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    from distilkit.run import run_experiment
+
+    teacher = tmp_path / "regressor"
+    torch.manual_seed(0)
+    BertForSequenceClassification.from_pretrained(tiny_base_model, num_labels=1).save_pretrained(teacher)
+    BertTokenizerFast.from_pretrained(tiny_base_model).save_pretrained(teacher)
+    config = build_config({
+        "task": {"name": "stsb"}, "data": {"dir": str(glue_dir), "max_length": 32},
+        "teacher": {"model": str(teacher), "cache": cache}, "student": {"layers": 1, "init": "teacher_layers"},
+        "method": {"name": "kd"}, "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+        "output": {"dir": str(tmp_path / "run")}})
+    assert run_experiment(config)["steps"] == 2

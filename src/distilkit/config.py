@@ -293,7 +293,8 @@ class TrainConfig(StrictModel):
         import torch
 
         if torch.cuda.is_available():
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            # native bf16 only (Ampere on): torch also counts emulation, which is slow, on V100 / T4
+            return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
         return "bf16" if cpu_has_native_bf16() else "no"
 
 

@@ -30,9 +30,11 @@ def autocast(device: torch.device, mixed_precision: str):
 
 def to_device(value, device: torch.device):
     """`value` with every tensor in it on `device`: a tensor, a dict (a batch), a dataclass (`Features`), or
-    anything else as it is. Tensors already there are not copied."""
+    anything else as it is. Tensors already there are not copied. Asynchronous only toward an accelerator: a
+    copy to the CPU made with non_blocking returns before its bytes have landed (the teacher cache then writes
+    them to disk at once)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return value.to(device, non_blocking=device.type != "cpu")
     if isinstance(value, dict):
         return {k: to_device(v, device) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

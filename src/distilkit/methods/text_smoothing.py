@@ -36,6 +36,7 @@ from distilkit.methods.base import Method, register_method, weighted
 from distilkit.models.features import FeatureRequest
 from distilkit.models.student import load_tokenizer, read_metadata
 from distilkit.models.teacher import Teacher
+from distilkit.precision import to_device
 from distilkit.train.cache import TeacherCache
 from distilkit.train.preflight import check_same_vocabulary
 
@@ -117,7 +118,8 @@ class TextSmoothing(Method):
         return FeatureRequest(logits=bool(self.params.kd_weight))
 
     def training_step(self, student_model, batch, teacher, progress):
-        table = self.table.lookup_token_features(self.table_name, ["ids", "probs"], batch)
+        table = to_device(self.table.lookup_token_features(self.table_name, ["ids", "probs"], batch),
+                          batch["input_ids"].device)  # the cache serves CPU tensors
         ids, weights = losses.smooth_inputs(batch["input_ids"], table["ids"].long(), table["probs"], self.params.lam,
                                             one_hot_positions(batch, self.special_ids))
         embeds = soft_word_embeddings(ids, weights, student_model.word_embeddings().weight)

@@ -49,7 +49,7 @@ def segment(batch: dict, which: int) -> tuple[torch.Tensor, torch.Tensor]:
     lengths = keep.sum(1)
     longest = max(int(lengths.max()), 1)
     ids = batch["input_ids"].gather(1, order)[:, :longest]
-    mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()
+    mask = (torch.arange(longest, device=lengths.device)[None, :] < lengths[:, None]).long()
     return ids * mask, mask
 
 
@@ -128,7 +128,7 @@ def pca_embeddings(teacher_embeddings: torch.Tensor, dim: int) -> torch.Tensor:
     """The teacher's word embeddings reduced to `dim` dimensions by PCA (their top principal components)."""
     from sklearn.decomposition import PCA
 
-    matrix = teacher_embeddings.detach().float().numpy()
+    matrix = teacher_embeddings.detach().float().cpu().numpy()
     if dim > matrix.shape[1]:
         raise ValueError(f"student.options.embedding_dim={dim} exceeds the teacher's embedding width "
                          f"{matrix.shape[1]}: PCA can only reduce; use init=random for wider embeddings")

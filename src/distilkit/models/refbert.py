@@ -216,7 +216,7 @@ class RefBERTStudent(TransformerStudent):
     def reference_ids(self, batch: dict) -> torch.Tensor:
         if "reference_ids" in batch:
             return batch["reference_ids"]
-        queries = [ids[mask.bool()].numpy() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        queries = [ids[mask.bool()].cpu().numpy() for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
         return torch.from_numpy(self.references.retrieve(queries))
 
     def use_packing(self, wanted: bool) -> None:
@@ -231,7 +231,8 @@ class RefBERTStudent(TransformerStudent):
         if self.references is None:
             raise RuntimeError("this RefBERT student has no references: train it with method refbert, or load "
                                "a saved one (its folder holds references/)")
-        embeddings, hidden, mask = self.references.tensors(self.reference_ids(batch))
+        device = batch["attention_mask"].device  # the reference store lives on the CPU
+        embeddings, hidden, mask = (t.to(device) for t in self.references.tensors(self.reference_ids(batch)))
         attention = self.reference_attention
         attention.reference = (batch["attention_mask"], embeddings, hidden, mask)
         try:

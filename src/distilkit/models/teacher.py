@@ -104,8 +104,9 @@ class Teacher:
     def width(self) -> int:
         return self.model.config.hidden_size
 
-    @torch.inference_mode()
     def features(self, batch: dict, request: FeatureRequest, inputs_embeds: torch.Tensor | None = None) -> Features:
+        """The requested outputs, computed in inference mode and returned as ordinary fp32 tensors: a loss may
+        save them for backward (an MSE to them does), which torch refuses for inference tensors."""
         if request.logits and not self.has_head:
             raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
@@ -114,7 +115,7 @@ class Teacher:
         batch = to_device(batch, device)
         if inputs_embeds is not None:
             inputs_embeds = inputs_embeds.to(device)
-        with autocast(device, self.mixed_precision):
+        with torch.inference_mode(), autocast(device, self.mixed_precision):
             features = encoder_features(self.model, batch, request, inputs_embeds=inputs_embeds,
                                         packed=self.packing)
         return _to_float(features)
@@ -188,9 +189,13 @@ def average_logits(logits: list[torch.Tensor], mix: list[float]) -> torch.Tensor
 
 
 def _to_float(features: Features) -> Features:
-    """Teacher outputs in fp32 whatever the autocast dtype, so losses see one dtype."""
-    features.hidden = {k: v.float() for k, v in features.hidden.items()}
-    features.attention = {k: v.float() for k, v in features.attention.items()}
+    """Teacher outputs in fp32 whatever the autocast dtype, so losses see one dtype; copied outside inference mode,
+    so they are ordinary tensors."""
+    def copy(v: torch.Tensor) -> torch.Tensor:
+        return v.to(torch.float32, copy=True)
+
+    features.hidden = {k: copy(v) for k, v in features.hidden.items()}
+    features.attention = {k: copy(v) for k, v in features.attention.items()}
     if features.logits is not None:
-        features.logits = features.logits.float()
+        features.logits = copy(features.logits)
     return features

@@ -137,7 +137,8 @@ def load_checkpoint(path: Path, trainable: torch.nn.Module, optimizer, scheduler
                     scaler=None) -> dict:
     """Restores weights, optimizer, scheduler, loss scaler and process `rank`'s RNG; returns the loop's state."""
     trainable.load_state_dict(load_file(path / "trainable.safetensors"))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    # map_location: not every process onto the GPU it was saved from (load_state_dict moves the state to the params)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
     state = json.loads((path / "state.json").read_text())
     scheduler.load_state_dict(state.pop("scheduler"))
     rng, others = state.pop("rng"), state.pop("rng_other_ranks", [])
