@@ -203,3 +203,35 @@ def test_regression_kd_trains_from_a_live_teacher_as_from_a_cached_one(tmp_path,
         "method": {"name": "kd"}, "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
         "output": {"dir": str(tmp_path / "run")}})
     assert run_experiment(config)["steps"] == 2
+
+
+@pytest.mark.parametrize("method", [{"name": "lrc"}, {"name": "codir", "negative_sampling": "batch", "dim": 3}],
+                         ids=["lrc", "codir-in-batch"])
+def test_held_out_scoring_under_several_processes_gathers_nothing(tmp_path, glue_dir, tiny_teacher, monkeypatch,
+                                                                  method):
+    """Only the main process scores held-out text: a gather of in-batch negatives there would wait for processes
+    that are training (a hang, or collectives out of step from then on)."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+
+    from distilkit.evaluate.evaluator import heldout_loss
+    from distilkit.run import build_run
+
+    config = build_config({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 16},
+        "teacher": {"model": str(tiny_teacher), "cache": False},
+        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
+        "method": method, "train": {"max_steps": 1, "batch_size": 8, "mixed_precision": "no"},
+        "output": {"dir": str(tmp_path / "run")}})
+    run = build_run(config)
+    run.method.ctx.accelerator = SimpleNamespace(num_processes=2, process_index=0)
+
+    def no_gather(*args, **kwargs):
+        raise AssertionError("held-out scoring gathered across processes")
+
+    monkeypatch.setattr(accelerate.utils, "gather", no_gather)
+    assert heldout_loss(run.student, run.method, run.teacher_source, run.eval_data["dev"], 8, Progress(0, 1)) > 0
+    assert not run.method.alone
+    with pytest.raises(AssertionError, match="gathered across processes"):  # in training it does gather
+        run.method.gather_batch(torch.zeros(2, 3))

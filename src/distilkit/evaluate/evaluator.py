@@ -63,19 +63,25 @@ def heldout_loss(student, method, teacher_source, dataset, batch_size: int, prog
 
     How well the student imitates the teacher where it never trained (SRA Table 4's column): the
     score of a task-agnostic stage. Uses `method.loss_terms` (not the training-step twist), on the student's
-    device and in the training's precision.
+    device and in the training's precision. The main process scores alone, so in-batch negatives (LRC, CoDIR) come
+    from its own batch: a gather across processes here would wait for processes that are not evaluating.
     """
     was_training = student.training
     student.eval()
-    device = module_device(student)
-    total, count = 0.0, 0
-    for batch, _, _ in dataset.batches(batch_size, seed=0, epoch=0, position=None):
-        batch = to_device(batch, device)
-        teacher = to_device(teacher_source(batch), device)
-        with autocast(device, mixed_precision):
-            terms = method.loss_terms(batch, student.features(batch, method.student_request()), teacher, progress)
-        size = int(batch["input_ids"].shape[0])
-        total += float(sum(terms.values())) * size
-        count += size
-    student.train(was_training)
+    method.alone = True
+    try:
+        device = module_device(student)
+        total, count = 0.0, 0
+        for batch, _, _ in dataset.batches(batch_size, seed=0, epoch=0, position=None):
+            batch = to_device(batch, device)
+            teacher = to_device(teacher_source(batch), device)
+            with autocast(device, mixed_precision):
+                terms = method.loss_terms(batch, student.features(batch, method.student_request()), teacher,
+                                          progress)
+            size = int(batch["input_ids"].shape[0])
+            total += float(sum(terms.values())) * size
+            count += size
+    finally:
+        student.train(was_training)
+        method.alone = False
     return total / max(count, 1)

@@ -50,6 +50,7 @@ class MethodContext:
 class Method(nn.Module):
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]]
+    alone: bool = False  # set while one process scores held-out text: gather_batch must not wait for the others
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         super().__init__()
@@ -118,7 +119,7 @@ class Method(nn.Module):
         the largest across processes (sequences of different lengths). One process: `tensor` as is.
         """
         accelerator = self.ctx.accelerator
-        if accelerator is None or accelerator.num_processes == 1:
+        if accelerator is None or accelerator.num_processes == 1 or self.alone:
             return tensor.detach(), 0
         from accelerate.utils import gather, pad_across_processes
 
