@@ -18,10 +18,11 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, DistributedDataParallelKwargs
+from accelerate import Accelerator, DistributedDataParallelKwargs, InitProcessGroupKwargs
 from accelerate.state import AcceleratorState
 from accelerate.utils import gather_object
 from torch import nn
@@ -123,18 +124,24 @@ def make_optimizer(module: nn.Module, train_cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(_param_groups(module, train_cfg.weight_decay), lr=train_cfg.learning_rate, fused=fused)
 
 
+PROCESS_GROUP_TIMEOUT = timedelta(hours=3)
+
+
 def make_accelerator(mixed_precision: str) -> Accelerator:
     """The run's Accelerator: on the GPU (or other accelerator) when the machine has one, else on the CPU, where
     several processes talk through gloo. Accelerate needs `cpu=True` to see a CPU-only `torchrun` launch as
     multi-process. DDP must tolerate parameters a step leaves unused: methods with stages use some parts (e.g.
-    the classifier) in some steps only."""
+    the classifier) in some steps only. The other processes wait while the main one fills the teacher cache or
+    evaluates (tens of minutes on a large task): the process group's timeout (NCCL's default is 10 minutes) is
+    raised to PROCESS_GROUP_TIMEOUT."""
     check_launch()
     if AcceleratorState._shared_state.get("_mixed_precision", mixed_precision) != mixed_precision:
         # Accelerate keeps one state per process and refuses another precision: a process that runs trainings
         # in turn (a recipe's stages, a bench, the tests) starts the next with its own (the process group stays)
         AcceleratorState._reset_state()
     return Accelerator(cpu=not torch.accelerator.is_available(), mixed_precision=mixed_precision,
-                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True),
+                                        InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)])
 
 
 def check_launch() -> None:
