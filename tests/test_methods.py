@@ -145,18 +145,22 @@ def test_soft_label_loss_is_one_rule_for_every_method():
     assert regression.soft_label_loss(torch.tensor([[1.0]]), torch.tensor([[3.0]]), 2.0, "kl").item() == 4.0
 
 
+def _tiny_sst2(glue_dir, teacher, out, method: dict, examples: int, **train) -> object:
+    """A small random student on the tiny SST-2, its teacher live: the config the in-batch-negative tests share."""
+    return build_config({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": examples},
+        "teacher": {"model": str(teacher), "cache": False},
+        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
+        "method": method, "train": {"batch_size": 8, "mixed_precision": "no", **train}, "output": {"dir": str(out)}})
+
+
 def test_held_out_scoring_leaves_method_state_alone_and_training_changes_it(tmp_path, glue_dir, tiny_teacher):
-    from distilkit.config import build_config
     from distilkit.evaluate.evaluator import heldout_loss
     from distilkit.run import build_run
     from distilkit.train.distiller import Distiller
 
-    config = build_config({
-        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 16},
-        "teacher": {"model": str(tiny_teacher), "cache": False},
-        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
-        "method": {"name": "codir", "negatives": 4, "dim": 3, "crd_weight": 1.0},
-        "train": {"max_steps": 1, "batch_size": 8, "mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}})
+    config = _tiny_sst2(glue_dir, tiny_teacher, tmp_path / "run", {"name": "codir", "negatives": 4, "dim": 3,
+                                                                  "crd_weight": 1.0}, 16, max_steps=1)
     run = build_run(config)
     bank = run.method.memory.clone()
     loss = heldout_loss(run.student, run.method, run.teacher_source, run.eval_data["dev"], 8, Progress(0, 1))
@@ -175,12 +179,7 @@ def test_in_batch_negatives_survive_a_training_set_one_past_a_whole_number_of_ba
     """17 examples in batches of 8: a lone 17th would be a batch without negatives; it joins another batch."""
     from distilkit.run import run_experiment
 
-    config = build_config({
-        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 17},
-        "teacher": {"model": str(tiny_teacher), "cache": False},
-        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
-        "method": method, "train": {"epochs": 1, "batch_size": 8, "mixed_precision": "no"},
-        "output": {"dir": str(tmp_path / "run")}})
+    config = _tiny_sst2(glue_dir, tiny_teacher, tmp_path / "run", method, 17, epochs=1)
     metrics = run_experiment(config)
     assert metrics["steps"] == 2
 
@@ -218,12 +217,7 @@ def test_held_out_scoring_under_several_processes_gathers_nothing(tmp_path, glue
     from distilkit.evaluate.evaluator import heldout_loss
     from distilkit.run import build_run
 
-    config = build_config({
-        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 16, "max_train_examples": 16},
-        "teacher": {"model": str(tiny_teacher), "cache": False},
-        "student": {"layers": 2, "hidden": 16, "heads": 2, "ffn": 32, "init": "random"},
-        "method": method, "train": {"max_steps": 1, "batch_size": 8, "mixed_precision": "no"},
-        "output": {"dir": str(tmp_path / "run")}})
+    config = _tiny_sst2(glue_dir, tiny_teacher, tmp_path / "run", method, 16, max_steps=1)
     run = build_run(config)
     run.method.ctx.accelerator = SimpleNamespace(num_processes=2, process_index=0)
 
