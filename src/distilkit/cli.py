@@ -293,8 +293,9 @@ def _texts_per_input(meta: dict) -> int | None:
     from distilkit.data.tasks import task_spec
     from distilkit.models.student import recorded_task
 
+    recorded = recorded_task(meta)
     try:
-        return len(task_spec(task_config(recorded_task(meta))).text_columns) if recorded_task(meta) else None
+        return len(task_spec(task_config(recorded)).text_columns) if recorded else None
     except ValueError:  # a task this distilkit does not know
         return None
 

@@ -21,7 +21,7 @@ import torch
 
 from distilkit.card import CARD_FILE, write_card
 from distilkit.models.features import Features, head_logits
-from distilkit.models.student import TransformerStudent, load_student, read_metadata, recorded_task
+from distilkit.models.student import load_student, read_metadata, recorded_task
 
 ONNX_FILE = "model.onnx"
 INT8_FILE = "model.int8.onnx"
@@ -53,9 +53,9 @@ def _sample_inputs(model, tokenizer) -> dict[str, torch.Tensor]:
     return {k: v for k, v in encoded.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
-def refuse_unexportable(student, where: Path) -> None:
-    if not isinstance(student, TransformerStudent) or student.kind != "transformer":
-        raise TypeError(f"ONNX export supports plain Transformer students; {where} holds a {student.kind} student "
+def refuse_unexportable(kind: str, where: Path) -> None:
+    if kind != "transformer":
+        raise TypeError(f"ONNX export supports plain Transformer students; {where} holds a {kind} student "
                         "(export it without --onnx and --int8)")
 
 
@@ -63,7 +63,7 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
     """ONNX with dynamic batch and sequence axes; fails unless it matches PyTorch within 1e-4."""
     model_dir = Path(model_dir)
     student = load_student(model_dir)
-    refuse_unexportable(student, model_dir)
+    refuse_unexportable(student.kind, model_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
@@ -333,7 +333,7 @@ def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = 
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise FileExistsError(f"{destination} is not empty; choose a new folder")
     if onnx or int8:  # refused before anything is written, naming the model folder (not the staging one)
-        refuse_unexportable(load_student(model_dir), model_dir)
+        refuse_unexportable(read_metadata(Path(model_dir)).get("kind", "transformer"), model_dir)
     destination.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
     try:
