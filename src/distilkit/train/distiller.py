@@ -131,7 +131,9 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
     """The run's Accelerator: on the GPU (or other accelerator) when the machine has one, else on the CPU, where
     several processes talk through gloo. Accelerate needs `cpu=True` to see a CPU-only `torchrun` launch as
     multi-process. DDP must tolerate parameters a step leaves unused: methods with stages use some parts (e.g.
-    the classifier) in some steps only. The other processes wait while the main one fills the teacher cache or
+    the classifier) in some steps only. Buffers are not broadcast from rank 0 at every forward: the only one that
+    changes is CoDIR's memory bank, which every process updates alike from the gathered batch (and which would
+    cost tens of MB a step to send). The other processes wait while the main one fills the teacher cache or
     evaluates (tens of minutes on a large task): the process group's timeout (NCCL's default is 10 minutes) is
     raised to PROCESS_GROUP_TIMEOUT."""
     check_launch()
@@ -140,7 +142,7 @@ def make_accelerator(mixed_precision: str) -> Accelerator:
         # in turn (a recipe's stages, a bench, the tests) starts the next with its own (the process group stays)
         AcceleratorState._reset_state()
     return Accelerator(cpu=not torch.accelerator.is_available(), mixed_precision=mixed_precision,
-                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True),
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True, broadcast_buffers=False),
                                         InitProcessGroupKwargs(timeout=PROCESS_GROUP_TIMEOUT)])
 
 
