@@ -219,3 +219,12 @@ def test_correlation_of_a_constant_prediction_is_zero_not_nan():
     # by hand: deviations (-1, 0, 1) and (-4/3, -1/3, 5/3): r = 3 / sqrt(2 * 42/9); the ranks agree exactly
     scores = compute_metrics(stsb, np.array([[1.0], [2.0], [3.0]]), labels)
     assert scores["pearson"] == pytest.approx(3 / np.sqrt(2 * 42 / 9)) and scores["spearman"] == pytest.approx(1.0)
+
+
+def test_rows_with_an_empty_text_are_kept_and_counted_in_a_warning(tmp_path, caplog):
+    path = tmp_path / "train.tsv"
+    path.write_text("question1\tquestion2\tis_duplicate\nHow old?\t\t0\nWhy?\tWhy not?\t1\n \tWhen?\t0\n")
+    with caplog.at_level("WARNING", logger="distilkit.data.readers"):
+        examples = read_tsv(glue_task("qqp"), path)
+    assert [e.texts for e in examples] == [("How old?", ""), ("Why?", "Why not?"), (" ", "When?")]
+    assert f"{path}: 2 of 3 examples have an empty text (the first is example 1)" in caplog.text

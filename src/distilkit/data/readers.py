@@ -5,13 +5,15 @@ the one a task's split comes from.
 Every reader returns a list of `Example`. A row that cannot be parsed stops the read with a
 `DataError` naming the file (or dataset[split]) and line (or row); nothing is skipped silently.
 For `datasets` sources the task's `text_columns` and `label_column` name the columns to use; a
-`ClassLabel` column's ids are read as its names when the task lists those names.
+`ClassLabel` column's ids are read as its names when the task lists those names. Rows with an empty
+text are kept (GLUE's QQP train set has some) and counted in a warning.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -23,8 +25,7 @@ from distilkit.data.squad import QAExample, read_squad, read_squad_hub
 from distilkit.data.tasks import TaskSpec
 
 DATA_ENV = "DISTILKIT_DATA"
-
-
+log = logging.getLogger(__name__)
 
 
 class MissingSplit(DataError):
@@ -43,9 +44,14 @@ def _not_utf8(path: Path) -> DataError:
     return DataError(f"{path}: not UTF-8 text; re-save the file as UTF-8")
 
 
-def _some(examples: list, path: Path) -> list:
+def _some(examples: list, path) -> list:
     if not examples:
         raise DataError(f"{path}: no examples (empty, or a header only); point the config at a file with rows")
+    empty = [i for i, e in enumerate(examples) if not all(t.strip() for t in e.texts)]
+    if empty:
+        log.warning("%s: %d of %d examples have an empty text (the first is example %d); they are kept, and the "
+                    "model reads nothing but special tokens for that text", path, len(empty), len(examples),
+                    empty[0] + 1)
     return examples
 
 
@@ -251,7 +257,7 @@ def read_dataset(task: TaskSpec, data, where: str, labeled: bool = True) -> list
         if by_name and isinstance(row[task.label_column], int) and row[task.label_column] >= 0:
             row[task.label_column] = names[row[task.label_column]]
         examples.append(_row_to_example(task, row, f"{where} row {index}", labeled))
-    return examples
+    return _some(examples, where)
 
 
 def read_data_file(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
