@@ -5,6 +5,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from distilkit.config import AugmentConfig, build_config
 from distilkit.train import augment as augment_module
@@ -18,7 +19,7 @@ EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example((
 
 def test_mlm_candidates_are_whole_words_other_than_the_original(tiny_teacher):
     candidates = Candidates(str(tiny_teacher), k=3)
-    options = candidates.for_example(EXAMPLES[0].texts)
+    options = candidates.for_examples([EXAMPLES[0].texts])[0]
     assert [len(o) for o in options] == [6, 3]  # per text, per word
     vocab = set(candidates.tokenizer.get_vocab())
     for words, per_word in zip((t.split() for t in EXAMPLES[0].texts), options):
@@ -27,9 +28,16 @@ def test_mlm_candidates_are_whole_words_other_than_the_original(tiny_teacher):
             assert all(c in vocab and c.isalpha() and not c.startswith("[") for c in choices)
 
 
-def test_embedding_neighbour_candidates(tiny_teacher):
-    import torch
+def test_examples_sharing_the_mlm_batches_get_the_candidates_each_gets_alone(tiny_teacher):
+    texts = [e.texts for e in EXAMPLES] + [("a much longer sentence than the others , with many more words in it",)]
+    candidates = Candidates(str(tiny_teacher), k=3, batch_size=64)
+    together = candidates.for_examples(texts)
+    candidates.batch_size = 1
+    assert together == [candidates.for_examples([t])[0] for t in texts]
+    assert sum(len(c) > 0 for per_text in together[2] for c in per_text) == 14  # every word of one piece
 
+
+def test_embedding_neighbour_candidates(tiny_teacher):
     candidates = Candidates(str(tiny_teacher), k=2, source="embeddings")
     table = candidates.unit_embeddings
     good = candidates.tokenizer.convert_tokens_to_ids("good")
@@ -37,7 +45,7 @@ def test_embedding_neighbour_candidates(tiny_teacher):
         for word, mix in (("great", 0.9), ("fun", 0.8)):
             i = candidates.tokenizer.convert_tokens_to_ids(word)
             table[i] = torch.nn.functional.normalize(mix * table[good] + (1 - mix) * table[i], dim=-1)
-    (options,) = candidates.for_example(("good film",))
+    options = candidates.for_examples([("good film",)])[0][0]
     assert options[0] == ["great", "fun"]
     assert len(options[1]) == 2 and "film" not in options[1]
 
@@ -75,7 +83,7 @@ def test_augmented_set_is_cached_and_unlabelled(tmp_path, tiny_teacher, monkeypa
     assert len({e.texts for e in first}) == len(first)  # no duplicate copies
     files = list((tmp_path / "augmented").glob("*.jsonl"))
     assert len(files) == 1 and isinstance(json.loads((files[0].with_suffix(".json")).read_text())["seconds"], float)
-    monkeypatch.setattr(augment_module.Candidates, "for_example", lambda *a: pytest.fail("recomputed"))
+    monkeypatch.setattr(augment_module.Candidates, "for_examples", lambda *a: pytest.fail("recomputed"))
     assert augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path) == first
     assert len(augmented_examples(EXAMPLES, cfg.model_copy(update={"max_examples": 3}), str(tiny_teacher),
                                   tmp_path)) == 3
@@ -92,3 +100,11 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
     config["method"] = {"name": "kd", "hard_weight": 0.5}
     with pytest.raises(ValueError, match="gold labels"):
         run_experiment(build_config(config))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_augmenting_on_the_gpu_in_shared_batches_gives_the_cpu_set(tmp_path, tiny_teacher):
+    cfg = AugmentConfig(copies=4, candidates=3)
+    on_cpu = augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path / "cpu")
+    assert augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path / "gpu", device="cuda") == on_cpu
