@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizerFast
+from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel,
+                          BertTokenizerFast)
 
-from distilkit.config import build_config
+from distilkit.config import build_config, load_config
+from distilkit.plans import Plans
 from distilkit.run import run_experiment
 from distilkit.train import distiller as distiller_module
 
@@ -80,6 +83,14 @@ def write_glue(root: Path, n_train: int = 256, n_dev: int = 32, seed: int = 0) -
             a, b = _sentence(rng, i % 2), _sentence(rng, (i // 2) % 2)
             rows.append(f"{i}\tg\tf\t2012\t{i:04d}\tnone\tnone\t{a}\t{b}\t{rng.uniform(0, 5):.3f}")
         (sts / name).write_text("\n".join(rows) + "\n")
+    mrpc = root / "glue" / "MRPC"  # GLUE's own header, with its byte-order mark
+    mrpc.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.tsv", 64), ("dev.tsv", 16)):
+        rows = ["\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+        for i in range(n):
+            label = i % 2
+            rows.append(f"{label}\t{2 * i}\t{2 * i + 1}\t{_sentence(rng, label)}\t{_sentence(rng, label)}")
+        (mrpc / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
     return root
 
 
@@ -113,3 +124,57 @@ def crash_after_checkpoint(config: dict, monkeypatch, step: int) -> None:
     with pytest.raises(Crash):
         run_experiment(build_config(config))
     monkeypatch.setattr(distiller_module, "save_checkpoint", real_save)
+
+
+def write_squad(path, questions: int, seed: int, unanswerable: int = 0, bad: dict | None = None) -> str:
+    """Contexts of 10-30 filler words with one positive word, the answer to "what was good?"."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for i in range(questions):
+        words = [rng.choice(FILLER) for _ in range(rng.randint(10, 30))]
+        position, answer = rng.randrange(len(words)), rng.choice(POSITIVE)
+        words[position] = answer
+        context = " ".join(words)
+        start = len(" ".join(words[:position])) + (1 if position else 0)
+        qa = {"id": f"q{seed}-{i}", "question": "what was good ?", "answers": [{"text": answer, "answer_start": start}]}
+        if i < unanswerable:
+            qa.update(answers=[], is_impossible=True)
+        paragraphs.append({"context": context, "qas": [qa]})
+    if bad:
+        paragraphs.append(bad)
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "tiny", "paragraphs": paragraphs}]}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def squad_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("squad")
+    return {"train": write_squad(root / "train.json", 48, 0), "dev": write_squad(root / "dev.json", 16, 1),
+            "dev_v2": write_squad(root / "dev-v2.json", 16, 2, unanswerable=6)}
+
+
+@pytest.fixture(scope="module")
+def tiny_qa_teacher(tmp_path_factory, tiny_base_model):
+    """A tiny BERT with a span head (untrained, but a valid fine-tuned QA teacher folder)."""
+    directory = tmp_path_factory.mktemp("tiny-qa-teacher")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
+    torch.manual_seed(2)
+    model = BertForQuestionAnswering(tiny_bert_config(tokenizer.vocab_size))
+    model.config.architectures = ["BertForQuestionAnswering"]
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture()
+def launched(monkeypatch):
+    """Cells train in this process (fast), and the test sees which ones did."""
+    ran = []
+
+    def launch(self, config_path):
+        config = load_config(config_path)
+        ran.append(config.output.dir.rsplit("/", 1)[-1])
+        run_experiment(config)
+        return 0
+    monkeypatch.setattr(Plans, "launch", launch)
+    return ran

@@ -1,6 +1,7 @@
 """The papers' whole pipelines on tiny data (issue 18): CoDIR-Pre on a streamed corpus then CoDIR, RefBERT
 general distillation on a corpus with text references then task distillation, and their bad inputs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
+from distilkit.plans import Plans, load_plan
 from distilkit.run import run_experiment
 from test_corpus import write_corpus
 
@@ -212,39 +214,89 @@ def test_refbert_refuses_an_empty_or_binary_reference_corpus(tmp_path, tiny_teac
 SHIPPED = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 
-def tiny_version(name: str, glue_dir: Path, tmp_path: Path, base: Path, teacher: Path, mlm_teacher: Path) -> dict:
-    """A shipped preset with only sizes, data and models swapped for tiny ones: every method setting kept."""
-    config = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+def tiny_version(config: dict, out: Path, models: dict, data: dict) -> dict:
+    """A shipped preset (or a plan's cell) with only sizes, data and models swapped for tiny ones: every method
+    setting kept, and the task too (SST-2, MRPC pairs, SQuAD spans; a method preset without one gets MRPC)."""
     student = config.get("student") or {}
+    task = (config.get("task") or {}).get("name", "mrpc")
+    method = (config.get("method") or {}).get("name")  # a plan's cell may take it from an axis
     changes: dict = {"train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
-                     "output": {"dir": str(tmp_path / name)}}
+                     "output": {"dir": str(out)}}
     if student.get("kind") == "bilstm":
         changes["student"] = {"options": {"hidden": 8, "head_hidden": 8, "embedding_dim": 16}}
+    elif student.get("init") == "pretrained":
+        changes["student"] = {"preset": None, "pretrained": str(models["base"])}
     else:
         changes["student"] = {"preset": None, "layers": 2, "hidden": 32, "heads": 4, "ffn": 64}
-    if student.get("init") == "pretrained":
-        changes["student"] = {"preset": None, "pretrained": str(base)}
-    if (config.get("task") or {}).get("name") == "unlabeled":
-        changes.update(corpus_run(write_corpus(tmp_path / "wiki" / "c.txt", documents=40), mlm_teacher,
-                                  tmp_path / name, method={"bank_size": 64, "negatives": 20}))
-        changes["student"] = {**TINY_STUDENT}
+    if task == "unlabeled":
+        changes.update(corpus_run(data["corpus"], models["mlm"], out,
+                                  method={"bank_size": 64, "negatives": 20} if method == "codir" else {}))
+        if student.get("kind") != "bilstm":
+            changes["student"] = {**TINY_STUDENT}
+    elif task == "squad":
+        changes["task"] = {"name": "squad", "train_file": data["squad"]["train"], "dev_file": data["squad"]["dev"],
+                           "doc_stride": 8}
+        changes["data"] = {"max_length": 48}
+        changes["teacher"] = {"model": str(models["qa"])}
     else:
-        changes["task"] = {"name": "sst2"}  # the tiny GLUE folder holds SST-2 (the Tang preset reads MRPC)
-        changes["data"] = {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32}
+        changes["task"] = {"name": task}
+        changes["data"] = {"dir": str(data["glue"]), "max_length": 32, "max_train_examples": 32}
         if (config.get("data") or {}).get("augment"):
-            changes["data"]["augment"] = {"model": str(base), "copies": 1, "max_examples": 48}
-        if "teacher" in config or config["method"]["name"] != "finetune":
-            headless = config["method"]["name"] == "text_smoothing"  # its MLM teacher is the base encoder
-            changes["teacher"] = {"model": str(mlm_teacher if headless else teacher)}
+            changes["data"]["augment"] = {"model": str(models["base"]), "copies": 1, "max_examples": 48}
+        if "teacher" in config or method != "finetune":
+            headless = method == "text_smoothing"  # its MLM teacher is the base encoder
+            changes["teacher"] = {"model": str(models["mlm"] if headless else models["teacher"])}
+    if method == "refbert" and "reference_corpus" in config["method"]:
+        changes["method"] = {"reference_corpus": str(data["references"]), "reference_max_length": 16}
     return merged(config, changes)
 
 
+@pytest.fixture()
+def tiny_world(tmp_path, glue_dir, tiny_base_model, tiny_teacher, tiny_mlm_teacher, tiny_qa_teacher, squad_files):
+    models = {"base": tiny_base_model, "teacher": tiny_teacher, "mlm": tiny_mlm_teacher, "qa": tiny_qa_teacher}
+    data = {"glue": glue_dir, "squad": squad_files, "corpus": write_corpus(tmp_path / "wiki" / "c.txt", documents=40),
+            "references": write_corpus(tmp_path / "wiki" / "refs.txt", documents=30, seed=1)}
+    return models, data
+
+
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_shipped_preset_runs_end_to_end_on_tiny_data(name, tmp_path, glue_dir, tiny_base_model, tiny_teacher,
-                                                           tiny_mlm_teacher):
-    metrics = run_experiment(build_config(tiny_version(name, glue_dir, tmp_path, tiny_base_model, tiny_teacher,
-                                                       tiny_mlm_teacher)))
+def test_every_shipped_preset_runs_end_to_end_on_tiny_data(name, tmp_path, tiny_world):
+    config = tiny_version(yaml.safe_load((PRESETS / f"{name}.yaml").read_text()), tmp_path / name, *tiny_world)
+    metrics = run_experiment(build_config(config))
     assert metrics["steps"] == 2 and (tmp_path / name / "final").is_dir()
+    shipped_task = (yaml.safe_load((PRESETS / f"{name}.yaml").read_text()).get("task") or {}).get("name", "mrpc")
+    assert build_config(config).task.name == shipped_task
+
+
+SHIPPED_PLANS = sorted(p.stem for p in (PRESETS / "plans").glob("*.yaml") if p.stem != "demo")  # demo: test_plans
+
+
+def tiny_plan(plan: dict, out: Path, models: dict, data: dict) -> dict:
+    """A shipped plan with each cell made tiny as `tiny_version` makes a preset, one tiny student throughout (a
+    stage starts from the one before it)."""
+    cells = []
+    for cell in plan["cells"]:
+        config = tiny_version(merged(plan.get("defaults") or {}, cell.get("set") or {}), out, models, data)
+        del config["output"]
+        if config["student"].get("kind") != "bilstm" and config["student"].get("init") != "pretrained":
+            config["student"] = {**config["student"], **TINY_STUDENT,
+                                 "init": (cell.get("set") or {}).get("student", {}).get("init", "random")}
+        cells.append({**cell, "set": config})
+    return {**{k: v for k, v in plan.items() if k != "results"}, "output": str(out), "defaults": {}, "cells": cells}
+
+
+@pytest.mark.parametrize("name", SHIPPED_PLANS)
+def test_every_shipped_plan_runs_end_to_end_on_tiny_data(name, tmp_path, tiny_world, launched):
+    """Each stage of the recipe trains (2 steps) and hands its student to the next, as `distilkit bench NAME`
+    runs it."""
+    plan = yaml.safe_load((PRESETS / "plans" / f"{name}.yaml").read_text())
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tiny_plan(plan, tmp_path / "plan", *tiny_world)))
+    cells = Plans(load_plan(path)).cells()
+    Plans(load_plan(path)).run()
+    assert launched == list(cells) and len(cells) >= 2
+    for cell in cells.values():
+        assert json.loads((cell.dir / "metrics.json").read_text())["steps"] == 2
 
 
 def test_tang_preset_is_tangs_size_and_sra_keeps_its_own():

@@ -6,10 +6,9 @@ import json
 import pytest
 import yaml
 
-from distilkit.config import ConfigError, load_config
+from distilkit.config import ConfigError
 from distilkit.demo import run_demo
 from distilkit.plans import Plans, load_plan
-from distilkit.run import run_experiment
 from test_corpus import write_corpus
 from test_training import cli
 
@@ -38,20 +37,6 @@ def write(tmp_path, plan: dict):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))  # cells run in the plan's order
     return path
-
-
-@pytest.fixture()
-def launched(monkeypatch):
-    """Cells train in this process (fast), and the test sees which ones did."""
-    ran = []
-
-    def launch(self, config_path):
-        config = load_config(config_path)
-        ran.append(config.output.dir.rsplit("/", 1)[-1])
-        run_experiment(config)
-        return 0
-    monkeypatch.setattr(Plans, "launch", launch)
-    return ran
 
 
 def test_start_from_chains_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir):

@@ -2,7 +2,6 @@
 all against hand-worked values."""
 
 import json
-import warnings
 
 import numpy as np
 import pytest

@@ -3,16 +3,15 @@ every method on a SQuAD-format file, and the CLI path from fine-tuning to a pipe
 
 import json
 import os
-import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from transformers import BertForQuestionAnswering, BertTokenizerFast
+from transformers import BertTokenizerFast
 
-from conftest import FILLER, POSITIVE, tiny_bert_config
+from conftest import write_squad
 from distilkit import losses
 from distilkit.config import build_config
 from distilkit.data.qa_windows import QADataset
@@ -21,46 +20,6 @@ from distilkit.models.features import PADDING_SCORE, FeatureRequest
 from distilkit.models.teacher import Teacher
 from distilkit.run import run_experiment
 from distilkit.train.cache import TeacherCache
-
-
-def write_squad(path, questions: int, seed: int, unanswerable: int = 0, bad: dict | None = None) -> str:
-    """Contexts of 10-30 filler words with one positive word, the answer to "what was good?"."""
-    rng = random.Random(seed)
-    paragraphs = []
-    for i in range(questions):
-        words = [rng.choice(FILLER) for _ in range(rng.randint(10, 30))]
-        position, answer = rng.randrange(len(words)), rng.choice(POSITIVE)
-        words[position] = answer
-        context = " ".join(words)
-        start = len(" ".join(words[:position])) + (1 if position else 0)
-        qa = {"id": f"q{seed}-{i}", "question": "what was good ?", "answers": [{"text": answer, "answer_start": start}]}
-        if i < unanswerable:
-            qa.update(answers=[], is_impossible=True)
-        paragraphs.append({"context": context, "qas": [qa]})
-    if bad:
-        paragraphs.append(bad)
-    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "tiny", "paragraphs": paragraphs}]}))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def squad_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("squad")
-    return {"train": write_squad(root / "train.json", 48, 0), "dev": write_squad(root / "dev.json", 16, 1),
-            "dev_v2": write_squad(root / "dev-v2.json", 16, 2, unanswerable=6)}
-
-
-@pytest.fixture(scope="module")
-def tiny_qa_teacher(tmp_path_factory, tiny_base_model):
-    """A tiny BERT with a span head (untrained, but a valid fine-tuned QA teacher folder)."""
-    directory = tmp_path_factory.mktemp("tiny-qa-teacher")
-    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
-    torch.manual_seed(2)
-    model = BertForQuestionAnswering(tiny_bert_config(tokenizer.vocab_size))
-    model.config.architectures = ["BertForQuestionAnswering"]
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
 
 
 def qa_task(files, **fields) -> dict:
