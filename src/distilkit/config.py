@@ -36,6 +36,7 @@ class MethodParams(StrictModel):
     # stand in for one through their averaged logits; methods reading hidden states, attention scores or an
     # MLM distribution need one teacher's own
     several_teachers: ClassVar[bool] = False
+    student_kind: ClassVar[str | None] = None  # the one student kind the method can train (sra: bilstm); None: any
 
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}
@@ -351,6 +352,9 @@ class ExperimentConfig(StrictModel):
                                  f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
             if spans and self.data.augment is not None:
                 raise ValueError("data.augment alters single sentences or pairs; it does not apply to SQuAD")
+        if self.method.student_kind not in (None, self.student.kind):
+            raise ValueError(f"method {self.method.name!r} trains a {self.method.student_kind} student, not a "
+                             f"{self.student.kind}: set student.kind={self.method.student_kind}")
         if self.student.init == "teacher_layers" and not self.teacher.first:
             raise ValueError("student.init=teacher_layers copies teacher layers: set teacher.model, "
                              "or use student.init=pretrained / random")

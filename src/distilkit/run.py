@@ -103,7 +103,8 @@ def check_own_tokenizer(config: ExperimentConfig, task: TaskSpec, method_cls) ->
     differs = f"the student {student} has its own tokenizer (another vocabulary than the teacher {teacher})"
     why = method_cls.token_aligned_terms(config.method)
     if why:
-        usable = [name for name in method_names() if not (m := get_method(name)).token_aligned_terms(m.Params())]
+        usable = [name for name in method_names() if not (m := get_method(name)).token_aligned_terms(m.Params())
+                  and m.Params.student_kind in (None, config.student.kind)]
         raise ValueError(f"method {config.method.name} {why}, but {differs}: use a method that does not align "
                          f"tokens ({', '.join(usable)}), or a student with the teacher's tokenizer "
                          "(student.init=teacher_layers or random)")

@@ -10,7 +10,7 @@ Fine-tuning afterwards is `finetune` (labels) or `kd` with objective=logit_mse (
 Tang et al.) on the task, starting from the distilled student.
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,7 @@ class SRA(Method):
     name = "sra"
 
     class Params(MethodParams):
+        student_kind: ClassVar[str] = "bilstm"  # S_x is the BiLSTM's sentence vector
         name: Literal["sra"] = "sra"
         pooling: Literal["cls", "mean"] = "cls"  # T_x: the teacher's final [CLS], or its mean-pooled final layer
         weight: float = Field(1.0, gt=0)
