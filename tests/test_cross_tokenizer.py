@@ -164,6 +164,7 @@ def test_token_aligned_methods_are_refused_with_the_reason(glue_dir, tiny_teache
         run_experiment(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out", method)))
     message = str(refused.value)
     assert "its own tokenizer" in message and "kd" in message and "pkd" in message and "\n" not in message
+    assert "sra" not in message  # it trains a BiLSTM, which reads the teacher's tokenization
     assert not (tmp_path / "out").exists()
 
 
@@ -175,6 +176,26 @@ def test_student_vocabulary_that_does_not_cover_the_text_is_refused(glue_dir, ti
     with pytest.raises(ValueError, match=r"reads \d+ of \d+ tokens of the training text as unknown"):
         run_experiment(build_config(cross_config(glue_dir, tiny_teacher, student, tmp_path / "out")))
     assert not (tmp_path / "out").exists()
+
+
+def test_text_a_tokenizer_cannot_encode_stops_in_one_line_wherever_it_is():
+    """A WordPiece vocabulary without its [UNK] fails on the first unknown word: in a dev set the training sample
+    never showed, too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from distilkit.data.dataset import TokenizedDataset
+    from distilkit.data.errors import DataError
+    from distilkit.data.readers import Example
+
+    wordpiece = Tokenizer(models.WordPiece({"[PAD]": 0, "[CLS]": 1, "[SEP]": 2, "good": 3, "film": 4},
+                                           unk_token="[UNK]"))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]")
+    assert len(TokenizedDataset([Example(("good film",), 1)], tokenizer, 16)) == 1
+    with pytest.raises(DataError, match=r"^the tokenizer cannot encode this text \(WordPiece error: Missing \[UNK\] "
+                                        r"token from the vocabulary\); give it the tokenizer files"):
+        TokenizedDataset([Example(("good film",), 1), Example(("awful film",), 0)], tokenizer, 16)
 
 
 def test_a_plan_times_each_model_on_its_own_tokenization(tmp_path, glue_dir, tiny_teacher, spelling_student,

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from distilkit.data.errors import DataError
 from distilkit.data.readers import Example
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -47,7 +48,12 @@ class TokenizedDataset(torch.utils.data.Dataset):
         self.is_regression = is_regression
         self.bucket_batches = bucket_batches  # see DataConfig.bucket_batches
         columns = list(zip(*(e.texts for e in self.examples)))
-        encoded = tokenizer(*[list(c) for c in columns], truncation=True, max_length=max_length)
+        try:
+            encoded = tokenizer(*[list(c) for c in columns], truncation=True, max_length=max_length)
+        except Exception as err:  # the tokenizers library raises a bare Exception (e.g. "WordPiece error: ...")
+            who = f"the tokenizer of {tokenizer.name_or_path}" if tokenizer.name_or_path else "the tokenizer"
+            raise DataError(f"{who} cannot encode this text ({err}); give it the tokenizer files it was trained with "
+                            "(tokenizer.json or vocab.txt)") from None
         self.input_ids = [np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"]]
         types = encoded.get("token_type_ids")
         self.token_type_ids = [np.asarray(t, dtype=np.int32) for t in types] if types is not None else None
