@@ -133,3 +133,15 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
         assert [saved.id2label[i] for i in range(2)] == order  # the student answers in the task's names
         assert ("its outputs are reordered" in caplog.text) == (order[0] == "pos")
     assert BertForSequenceClassification.from_pretrained(teacher).config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_a_pretrained_student_with_a_head_of_another_size_gets_a_new_head(tiny_teacher, caplog):
+    """A fine-tuned 2-class model continued on regression: its encoder kept, its head started afresh, and said."""
+    teacher = Teacher(str(tiny_teacher), glue_task("sst2"))
+    with caplog.at_level("WARNING", logger="distilkit.models.student"):
+        student = build_student(StudentConfig(init="pretrained", pretrained=str(tiny_teacher)), None,
+                                glue_task("stsb"))
+    assert student.model.config.num_labels == 1 and student.model.classifier.out_features == 1
+    assert torch.equal(student.model.bert.encoder.layer[0].output.dense.weight,
+                       teacher.model.bert.encoder.layer[0].output.dense.weight)
+    assert "has a head of 2 outputs and task stsb needs 1: the head starts afresh" in caplog.text

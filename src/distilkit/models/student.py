@@ -214,8 +214,15 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
     if cfg.init == "pretrained":
         path = resolve_model(cfg.pretrained)
         config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        saved_head = config.num_labels if any(a.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
+                                              for a in config.architectures or []) else None
         for key, value in labels.items():
             setattr(config, key, value)
+        new_head = saved_head not in (None, config.num_labels)  # e.g. a 2-class student continued on regression
+        if new_head:
+            logging.getLogger(__name__).warning("student %s has a head of %d outputs and task %s needs %d: the head "
+                                                "starts afresh", cfg.pretrained, saved_head, task.name,
+                                                config.num_labels)
         family = family_of(config)
         pretrained_shape = family.shape(config)
         for knob, wanted in cfg.shape().items():
@@ -224,7 +231,8 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
                                   f"model's {family.config_names.get(knob) or knob}={pretrained_shape.get(knob)}; "
                                   "drop the shape or use init=random")
         try:
-            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False)
+            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False,
+                                                     ignore_mismatched_sizes=new_head)
         except pickle.UnpicklingError:
             raise refused_pickle(path) from None
         return TransformerStudent(model)
