@@ -109,6 +109,24 @@ def test_codir_pre_on_a_corpus_then_codir_fine_tuning_from_it(tmp_path, tiny_mlm
     assert "accuracy" in run_experiment(build_config(fine))["final"]["dev"]
 
 
+def test_codir_pre_mlm_only_stage_runs_no_teacher(tmp_path, tiny_mlm_teacher, monkeypatch):
+    """The paper's MLM stage before CoDIR-Pre (kd and crd weights 0) reads nothing of the teacher, so it costs
+    what MLM costs; with the KD term on, the teacher runs at every step."""
+    from distilkit.models.teacher import Teacher
+
+    calls = []
+    real = Teacher.features
+    monkeypatch.setattr(Teacher, "features", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    corpus = write_corpus(tmp_path / "wiki" / "c.txt", documents=60)
+    for name, weights in (("mlm", {"kd_weight": 0.0, "crd_weight": 0.0}),
+                          ("kd", {"kd_weight": 0.1, "crd_weight": 0.0})):
+        calls.clear()
+        config = preset("codir-pretrain.yaml", corpus_run(corpus, tiny_mlm_teacher, tmp_path / name,
+                                                          train={"max_steps": 3}, method={"bank_size": 64, **weights}))
+        assert run_experiment(build_config(config))["steps"] == 3
+        assert (len(calls) == 0) if name == "mlm" else (len(calls) >= 3)
+
+
 def test_codir_on_a_corpus_needs_a_bank_size(tmp_path, tiny_mlm_teacher):
     corpus = write_corpus(tmp_path / "c.txt", documents=40)
     config = preset("codir-pretrain.yaml", corpus_run(corpus, tiny_mlm_teacher, tmp_path / "x"))

@@ -120,9 +120,11 @@ class CoDIR(Method):
     # features -------------------------------------------------------------------------------------
 
     def teacher_request(self):
-        pretrain = self.params.objective == "pretrain"
-        hidden = set(self.teacher_layers) | ({self.ctx.teacher.num_layers} if pretrain else set())
-        return FeatureRequest(hidden=frozenset(hidden), logits=not pretrain and self.params.kd_weight > 0)
+        """Only what a term with weight reads: CoDIR-Pre's MLM-only stage (kd and crd weights 0) runs no teacher."""
+        pretrain, p = self.params.objective == "pretrain", self.params
+        hidden = (set(self.teacher_layers) if p.crd_weight else set()) | \
+            ({self.ctx.teacher.num_layers} if pretrain and p.kd_weight else set())
+        return FeatureRequest(hidden=frozenset(hidden), logits=not pretrain and p.kd_weight > 0)
 
     def student_request(self):
         return FeatureRequest(hidden=frozenset(self.student_layers), logits=self.params.objective == "finetune")
@@ -202,7 +204,7 @@ class CoDIR(Method):
         kd = self.soft_label_loss(student.logits, teacher.logits, p.kd_temperature, "kl") if p.kd_weight else None
         return weighted({"ce": (1.0, task), "kd": (p.kd_weight, kd), "crd": (p.crd_weight, crd)})
 
-    def masked_lm_terms(self, batch, student, teacher) -> tuple[torch.Tensor, torch.Tensor]:
+    def masked_lm_terms(self, batch, student, teacher) -> tuple[torch.Tensor, torch.Tensor | None]:
         """CoDIR-Pre: the student's MLM loss and KL to the teacher's MLM distribution, at the masked positions."""
         if "mlm_labels" not in batch:
             raise ValueError("objective=pretrain needs masked batches with mlm_labels (the unlabeled-text "
@@ -211,7 +213,9 @@ class CoDIR(Method):
             self.ctx.teacher.mlm.check_vocabulary(word_embeddings(self.ctx.student.model).shape[0])
         masked = batch["mlm_labels"] != -100
         student_logits = of_model(self.ctx.student.model).logits(student.hidden[self.student_layers[-1]][masked])
+        mlm = losses.hard_cross_entropy(student_logits, batch["mlm_labels"][masked])
+        if not self.params.kd_weight:
+            return mlm, None
         with torch.no_grad():
             teacher_logits = self.ctx.teacher.mlm.logits(teacher.hidden[self.ctx.teacher.num_layers][masked])
-        mlm = losses.hard_cross_entropy(student_logits, batch["mlm_labels"][masked])
         return mlm, losses.kl_divergence(student_logits, teacher_logits, self.params.kd_temperature)
