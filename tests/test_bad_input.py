@@ -239,7 +239,12 @@ CASES: dict[str, tuple] = {
     "pickled teacher weights": (lambda w: w.distill(f"teacher.model={_pickled_model(w)}"), ["pickled", "safetensors"]),
     "teacher for another task": (lambda w: w.distill("task.name=stsb"), ["labels", "fine-tune"]),
     # the papers' pipelines: corpora, MLM heads, reference corpora (issue 18)
-    "corpus file empty": (lambda w: _on_corpus(w, b""), ["corpus.txt", "every corpus file is empty"]),
+    "corpus file empty": (lambda w: _on_corpus(w, b""), ["corpus.txt", "every corpus file is empty or blank"]),
+    "corpus file of blank lines": (lambda w: _on_corpus(w, b"\n  \n\t\n"), ["corpus.txt", "empty or blank"]),
+    "corpus pattern matching folders only": (
+        lambda w: w.distill("task.name=unlabeled", f"data.corpus.files=[{w.glue}/glue/*]", f"teacher.model={w.base}",
+                            "method.name=tinybert", "method.intermediate_fraction=1.0"),
+        ["matches only folders", "*.txt"]),
     "corpus file not text": (lambda w: _on_corpus(w, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"), ["corpus.txt", "is not text"]),
     "MLM head of another vocabulary": (
         lambda w: w.distill(f"teacher.model={_teacher_with_head_of_another_vocabulary(w)}", "method.name=text_smoothing"),

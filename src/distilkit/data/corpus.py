@@ -55,7 +55,11 @@ def resolve_corpus_files(patterns: list[str], data_dir: Path | None) -> list[Pat
             where = " or ".join(str(r.resolve()) for r in roots)
             raise DataError(f"corpus pattern {pattern!r} matches no file (looked in {where}); "
                             "set data.corpus.files to existing text files")
-        files += [Path(m) for m in matched if Path(m).is_file()]
+        found = [Path(m) for m in matched if Path(m).is_file()]
+        if not found:
+            raise DataError(f"corpus pattern {pattern!r} matches only folders ({matched[0]}, ...): name the text "
+                            f"files in them, e.g. {str(Path(pattern) / '*.txt')!r}")
+        files += found
     return files
 
 
@@ -74,6 +78,11 @@ def check_text_file(path: Path, sniff_bytes: int = 65536) -> None:
         if err.start < len(head) - 4:  # not merely a character cut at the sniff boundary
             raise DataError(f"corpus file {path} is not UTF-8 text (byte {head[err.start]:#04x} at offset "
                             f"{err.start}): re-save it as UTF-8") from None
+
+
+def _holds_no_text(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return not any(line.strip() for line in f)
 
 
 def corpus_example_id(file: Path, offset: int, index: int) -> int:
@@ -101,8 +110,8 @@ class TextCorpus:
         self.files = [Path(f) for f in files]
         for path in self.files:
             check_text_file(path)
-        if all(path.stat().st_size == 0 for path in self.files):
-            raise DataError(f"every corpus file is empty ({', '.join(map(str, self.files[:3]))}"
+        if all(_holds_no_text(path) for path in self.files):
+            raise DataError(f"every corpus file is empty or blank ({', '.join(map(str, self.files[:3]))}"
                             f"{', ...' if len(self.files) > 3 else ''}): point data.corpus.files at text")
         self.tokenizer = tokenizer
         self.max_length = max_length
