@@ -136,8 +136,8 @@ def test_codir_on_a_corpus_needs_a_bank_size(tmp_path, tiny_mlm_teacher):
     assert not (tmp_path / "x" / "final").exists()
 
 
-def test_codir_pre_refuses_a_teacher_mlm_over_another_vocabulary(tmp_path, tiny_base_model, tiny_mlm_teacher):
-    """A student whose tokenizer differs cannot be distilled the teacher's word distribution."""
+def test_codir_pre_refuses_a_fitted_head_over_another_vocabulary_than_its_encoder(tmp_path, tiny_base_model):
+    """A head fitted for another encoder (its output size is not the encoder's vocabulary) is refused on load."""
     from distilkit.models.mlm import FittedMLMHead, MLMHeadError
     import shutil
 
@@ -153,6 +153,24 @@ def test_codir_pre_refuses_a_teacher_mlm_over_another_vocabulary(tmp_path, tiny_
     # a head whose vocabulary is the student's plus 3 words: the file's size does not match the encoder
     FittedMLMHead(torch.zeros(encoder.config.vocab_size + 3, 32), 32).save(folder, {})
     with pytest.raises(MLMHeadError, match="fit the head again"):
+        run_experiment(build_config(config))
+
+
+def test_codir_pre_refuses_a_student_over_another_vocabulary_than_the_teacher_mlm(tmp_path, tiny_mlm_teacher):
+    """The KD term compares word distributions position by position: a student with a larger word table (the
+    same tokenizer, resized embeddings) cannot be distilled the teacher's."""
+    from distilkit.models.mlm import MLMHeadError
+
+    student = BertForMaskedLM.from_pretrained(tiny_mlm_teacher)
+    student.resize_token_embeddings(student.config.vocab_size + 3)
+    student.save_pretrained(tmp_path / "student")
+    BertTokenizerFast.from_pretrained(tiny_mlm_teacher).save_pretrained(tmp_path / "student")
+    corpus = write_corpus(tmp_path / "c.txt", documents=40)
+    config = preset("codir-pretrain.yaml", corpus_run(corpus, tiny_mlm_teacher, tmp_path / "x",
+                                                      method={"negatives": 4, "bank_size": 16}))
+    config["student"] = {"init": "pretrained", "pretrained": str(tmp_path / "student"), "preset": None}
+    vocab = student.config.vocab_size - 3
+    with pytest.raises(MLMHeadError, match=rf"is over {vocab} words but the student's vocabulary has {vocab + 3}"):
         run_experiment(build_config(config))
 
 
