@@ -228,3 +228,15 @@ def test_rows_with_an_empty_text_are_kept_and_counted_in_a_warning(tmp_path, cap
         examples = read_tsv(glue_task("qqp"), path)
     assert [e.texts for e in examples] == [("How old?", ""), ("Why?", "Why not?"), (" ", "When?")]
     assert f"{path}: 2 of 3 examples have an empty text (the first is example 1)" in caplog.text
+
+
+def test_student_presets_fit_their_kind():
+    from distilkit.config import StudentConfig
+
+    assert StudentConfig(kind="bilstm", preset="BiLSTM-Tang", options={"pooling": "mean"}).bilstm_options() == \
+        {"hidden": 300, "head_hidden": 400, "pooling": "mean"}
+    with pytest.raises(ValueError, match=r"student.preset=S3-384 is not a bilstm student: use one of \['BiLSTM-SRA'"):
+        StudentConfig(kind="bilstm", preset="S3-384")
+    with pytest.raises(ValueError, match=r"student.preset=BiLSTM-Tang is not a transformer student: use one of "
+                                         r"\['S3-384'"):
+        StudentConfig(preset="BiLSTM-Tang")

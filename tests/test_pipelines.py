@@ -344,8 +344,11 @@ def test_tang_preset_is_tangs_size_and_sra_keeps_its_own():
         mlp = nn.Sequential(nn.Linear(8 * hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 2))
         return sum(p.numel() for m in (lstm, mlp) for p in m.parameters()) / 1e6
 
-    options = yaml.safe_load((PRESETS / "bilstm-kd-tang-mrpc.yaml").read_text())["student"]["options"]
-    assert round(pair_size(options["hidden"], options["head_hidden"]), 1) == 2.4
+    from distilkit.config import BILSTM_PRESETS
     from distilkit.models.bilstm import DEFAULTS
 
-    assert pair_size(DEFAULTS["hidden"], DEFAULTS["head_hidden"]) > 4
+    assert yaml.safe_load((PRESETS / "bilstm-kd-tang-mrpc.yaml").read_text())["student"]["preset"] == "BiLSTM-Tang"
+    tang, sra = BILSTM_PRESETS["BiLSTM-Tang"], BILSTM_PRESETS["BiLSTM-SRA"]
+    assert round(pair_size(tang["hidden"], tang["head_hidden"]), 1) == 2.4
+    assert round(pair_size(sra["hidden"], sra["head_hidden"]), 1) == 4.4  # SRA's Table 2 prints 4.8
+    assert {k: DEFAULTS[k] for k in sra} == sra  # a BiLSTM student is SRA's unless told otherwise

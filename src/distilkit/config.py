@@ -217,6 +217,13 @@ STUDENT_PRESETS: dict[str, dict[str, int]] = {
     "S4-312": {"layers": 4, "hidden": 312, "heads": 12, "ffn": 1200},
     "S4-192": {"layers": 4, "hidden": 192, "heads": 12, "ffn": 768},
 }
+# BiLSTM students (student.kind bilstm), as student.options: SRA's (§4.3: 512 units per direction, a 256-unit
+# MLP; 4.4M parameters without embeddings on a pair task, where SRA's Table 2 prints 4.8M; the BiLSTM's defaults)
+# and Tang et al.'s BiLSTM_KD (300 per direction, a 400-unit MLP: 2.4M, the figure SRA's Table 2 prints for it)
+BILSTM_PRESETS: dict[str, dict[str, int]] = {
+    "BiLSTM-SRA": {"hidden": 512, "head_hidden": 256},
+    "BiLSTM-Tang": {"hidden": 300, "head_hidden": 400},
+}
 
 
 class StudentConfig(StrictModel):
@@ -225,7 +232,7 @@ class StudentConfig(StrictModel):
     # chosen layers (DistilBERT-style); pretrained: load a checkpoint (also how a teacher is fine-tuned)
     init: Literal["random", "teacher_layers", "pretrained"] = "teacher_layers"
     pretrained: str | None = None
-    preset: Literal["S3-384", "S4-312", "S4-192"] | None = None
+    preset: Literal["S3-384", "S4-312", "S4-192", "BiLSTM-SRA", "BiLSTM-Tang"] | None = None
     layers: int | None = Field(None, ge=1)
     hidden: int | None = Field(None, ge=8)
     heads: int | None = Field(None, ge=1)
@@ -239,10 +246,17 @@ class StudentConfig(StrictModel):
     def _consistent(self):
         if self.init == "pretrained" and not self.pretrained:
             raise ValueError("init=pretrained needs student.pretrained (a folder, alias or hub id)")
+        if self.preset and (self.preset in BILSTM_PRESETS) != (self.kind == "bilstm"):
+            fits = sorted(BILSTM_PRESETS) if self.kind == "bilstm" else sorted(STUDENT_PRESETS)
+            raise ValueError(f"student.preset={self.preset} is not a {self.kind} student: use one of {fits}")
         return self
 
+    def bilstm_options(self) -> dict[str, Any]:
+        """A BiLSTM's settings: its preset's, then student.options."""
+        return {**BILSTM_PRESETS.get(self.preset, {}), **self.options}
+
     def shape(self) -> dict[str, int | None]:
-        base = dict(STUDENT_PRESETS[self.preset]) if self.preset else {}
+        base = dict(STUDENT_PRESETS[self.preset]) if self.preset in STUDENT_PRESETS else {}
         for key in ("layers", "hidden", "heads", "ffn"):
             if getattr(self, key) is not None:
                 base[key] = getattr(self, key)

@@ -27,13 +27,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from distilkit.config import StudentConfig
+from distilkit.config import BILSTM_PRESETS, StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest
 from distilkit.models.student import Student, read_metadata, register_student, write_metadata
 from distilkit.models.hub import resolve_model
 
-DEFAULTS = {"embedding_dim": 300, "hidden": 512, "pooling": "max", "head_hidden": 256}
+DEFAULTS = {"embedding_dim": 300, "pooling": "max", **BILSTM_PRESETS["BiLSTM-SRA"]}  # SRA's BiLSTM
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -156,7 +156,7 @@ def build_bilstm(cfg: StudentConfig, teacher_model, task: TaskSpec) -> BiLSTMStu
         return student
     if teacher_model is None:
         raise ValueError("a BiLSTM student takes its vocabulary and width from the teacher: set teacher.model")
-    options = {**DEFAULTS, **cfg.options}
+    options = {**DEFAULTS, **cfg.bilstm_options()}
     embeddings = teacher_model.get_input_embeddings().weight
     student = BiLSTMStudent(embeddings.shape[0], teacher_model.config.hidden_size, num_labels, task.is_pair,
                             pad_token_id=teacher_model.config.pad_token_id or 0, **options)
