@@ -103,6 +103,14 @@ def test_bad_records_name_article_paragraph_and_id_or_are_skipped(tmp_path, bad,
     assert [e.id for e in examples] == ["Greek-1", "Greek-2"]  # nothing before the bad record is lost
 
 
+def test_an_article_without_paragraphs_is_named_or_skipped(tmp_path):
+    path = squad_file(tmp_path / "s.json", [good_article(), {"title": "Empty", "paragraphs": []}])
+    with pytest.raises(DataError, match=r"article 1 \('Empty'\): no paragraphs \(set task.bad_records=skip"):
+        read_squad(path)
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        assert [e.id for e in read_squad(path, bad_records="skip")] == ["Greek-1", "Greek-2"]
+
+
 def test_a_question_longer_than_max_length_is_named_or_skipped(tmp_path):
     tokenizer = qa_tokenizer(tmp_path)
     long = QAExample("long-q", "what is it " * 6, "alpha beta", ("alpha",), (0,), "article 0, paragraph 0, id 'long-q'")

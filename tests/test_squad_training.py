@@ -3,6 +3,7 @@ every method on a SQuAD-format file, and the CLI path from fine-tuning to a pipe
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -125,6 +126,12 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     assert result.returncode == 2
     assert "paragraph 48, id 'bad-1': answer 'film' does not occur at answer_start 0" in " ".join(result.stderr.split())
     assert not student.exists()  # the refused run left no half-made folder in the way of the next one
+    long_question = write_squad(tmp_path / "long.json", 48, 0, bad={"context": "the film", "qas": [
+        {"id": "long-1", "question": "what was good " * 8 + "?", "answers": [{"text": "film", "answer_start": 4}]}]})
+    result = cli(*distill, "--set", f"task.train_file={long_question}")  # found when the windows are made
+    assert result.returncode == 2 and not student.exists()
+    assert re.search(r"long\.json: article 0 \('tiny'\), paragraph 48, id 'long-1': the question is \d+ tokens",
+                     " ".join(result.stderr.split()))
     result = cli(*distill, "--set", "task.bad_records=skip")
     assert result.returncode == 0, result.stderr
     assert "skipped 1 bad record" in result.stderr

@@ -1,7 +1,8 @@
 """SQuAD v1.1/v2.0 records: questions over a context, with their gold answers (none: unanswerable).
 
 A record that cannot be used (an answer whose `answer_start` does not point at its text, a missing
-context, an empty `qas` list; a question too long for the window, found when windows are made)
+context, an empty `qas` list, an article without paragraphs; a question too long for the window, found
+when windows are made)
 stops the read with a message naming article, paragraph and question id; with
 `bad_records="skip"` it is counted and skipped with one warning instead.
 """
@@ -70,7 +71,10 @@ def squad_examples(articles: list[dict], source: str, log: BadRecordLog) -> list
     examples = []
     for a, article in enumerate(articles):
         title = article.get("title", "")
-        for p, paragraph in enumerate(article.get("paragraphs") or []):
+        if not article.get("paragraphs"):
+            log.report(f"{source}: article {a} ({title!r}): no paragraphs")
+            continue
+        for p, paragraph in enumerate(article["paragraphs"]):
             place = f"{source}: article {a} ({title!r}), paragraph {p}"
             context = paragraph.get("context")
             if not isinstance(context, str) or not context:
