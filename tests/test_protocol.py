@@ -96,6 +96,8 @@ def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_
         runs[f"sst2-lrc-S{suffix}"] = _record("sst2", seed, 0.70)
         runs[f"wnli-finetune-S{suffix}"] = _record(
             "wnli", seed, 0.56, teacher_check={"weak": True, "constant": 0.5634})
+    # another teacher of the task (a sweep's) found weak by a run of its own: not this row's teacher
+    runs["sst2-kd-other-teacher"] = _record("sst2", 42, 0.60, teacher_check={"weak": True, "constant": 0.5092})
     spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2", "wnli": "teacher-wnli"},
             "cell": "{task}-{method}-{student}", "baseline": "finetune", "methods": ["kd", "lrc", "pkd"],
             "students": ["S"]}

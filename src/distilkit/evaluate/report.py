@@ -361,8 +361,8 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             flags = []
             if top < statistics.mean(baseline):
                 flags.append("weak: below labels only")
-            weak = [r["teacher_check"] for r in runs.values()
-                    if r.get("task") == task and r.get("teacher_check", {}).get("weak")]
+            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(m)).values()]
+            weak = [r["teacher_check"] for r in row_runs if r.get("teacher_check", {}).get("weak")]  # this teacher's
             if weak:
                 flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
