@@ -6,7 +6,7 @@ model as the teacher, `--steps` kd steps into the MiniLM-L6 student (its own tok
 cross-tokenizer path on real models, the teacher cache filled over `--cache-examples` examples) and into
 6 and 3 of the teacher's own layers (uniform map). Prints seconds per optimizer step (train_seconds / steps,
 the first step included), teacher forward rate while filling the cache, and the CPU time the plan's
-cells would take at those rates. Runs go to benchmarks/work/t12-step-cost/ (moved aside when rerun).
+cells would take at those rates. Runs go to benchmarks/work/t12-step-cost/ (replaced when rerun).
 Usage (run under the CPU lock):
   DISTILKIT_DATA=../shared/data python benchmarks/t12_step_cost.py > benchmarks/results/base-teacher/step-cost.json
 """

@@ -117,7 +117,8 @@ def test_kd_across_tokenizers_through_the_cli(glue_dir, tiny_teacher, spelling_s
     assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
 
 
-@pytest.mark.parametrize("method", [{"name": "pkd"}, {"name": "codir", "negatives": 8}])
+@pytest.mark.parametrize("method", [{"name": "pkd"}, {"name": "codir", "negatives": 8},
+                                    {"name": "tinybert", "intermediate_fraction": 0.0}])
 def test_methods_on_logits_and_pooled_states_run_across_tokenizers(glue_dir, tiny_teacher, spelling_student,
                                                                     tmp_path, method):
     metrics = run_experiment(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out",
@@ -125,7 +126,8 @@ def test_methods_on_logits_and_pooled_states_run_across_tokenizers(glue_dir, tin
     assert metrics["steps"] == 4 and metrics["teacher_forward_passes"] > 0
     logged = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
     terms = {key for record in logged for key in record if key.startswith("loss/")}
-    assert terms >= ({"loss/patient", "loss/soft"} if method["name"] == "pkd" else {"loss/crd", "loss/kd"})
+    assert terms >= {"pkd": {"loss/patient", "loss/soft"}, "codir": {"loss/crd", "loss/kd"},
+                     "tinybert": {"loss/prediction"}}[method["name"]]
 
 
 def test_teacher_outputs_equal_cold_or_warm(glue_dir, tiny_teacher, spelling_student, tmp_path):

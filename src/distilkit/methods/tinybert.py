@@ -41,6 +41,8 @@ class TinyBERT(Method):
 
     @classmethod
     def token_aligned_terms(cls, params):
+        if params.schedule == "two_stage" and params.intermediate_fraction == 0:  # eq. 10 alone, on logits
+            return None
         return "matches embeddings, hidden states and attention scores token by token (eqs. 7-9)"
 
     def __init__(self, params, ctx):
