@@ -130,6 +130,23 @@ def test_methods_on_logits_and_pooled_states_run_across_tokenizers(glue_dir, tin
                      "tinybert": {"loss/prediction"}}[method["name"]]
 
 
+@pytest.mark.parametrize("method", [{"name": "kd"}, {"name": "pkd"}, {"name": "codir", "negatives": 8}])
+def test_an_mpnet_teacher_into_a_bert_student_on_sentence_pairs(glue_dir, spelling_student, tmp_path, method):
+    """The case issue 22 is for: a teacher of another family and vocabulary (MPNet's <s> </s></s> pairs) and a
+    BERT student ([CLS] [SEP] pairs), each reading its own tokenization of MRPC's two sentences."""
+    from tiny_families import save_family_model
+
+    teacher = save_family_model("mpnet", tmp_path / "mpnet-teacher")
+    config = cross_config(glue_dir, teacher, spelling_student, tmp_path / "out", method)
+    config["task"] = {"name": "mrpc"}
+    run = build_run(build_config(config))
+    batch = run.train_data.collate([run.train_data[0]])
+    assert batch["teacher_input_ids"][0, 0] == 0 and batch["input_ids"][0, 0] == 2  # <s> vs [CLS]
+    assert (batch["teacher_input_ids"][0] == 2).sum() == 3 and (batch["input_ids"][0] == 3).sum() == 2  # separators
+    metrics = run_experiment(build_config(config))
+    assert metrics["steps"] == 4 and metrics["teacher_forward_passes"] > 0 and "f1" in metrics["final"]["dev"]
+
+
 def test_teacher_outputs_equal_cold_or_warm(glue_dir, tiny_teacher, spelling_student, tmp_path):
     """Cached teacher features are those of a live pass over the teacher's own tokenization, and a run on a warm
     cache (no teacher pass) trains the same student as the run that filled it."""
