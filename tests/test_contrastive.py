@@ -528,3 +528,19 @@ output: {{dir: {tmp_path / 'out'}}}
     assert expected <= terms
     assert all(math.isfinite(r["loss"]) for r in logged if "loss" in r)
 
+
+
+def test_lrc_perturbation_gradient_survives_fp16_autocast():
+    """Under fp16 a small loss's gradient flushes to zero on the way back to the embeddings, and the perturbation
+    with it; the loss is scaled up first there (the direction is all eq. 7 keeps)."""
+    from distilkit.methods.lrc import _gradient_scale
+
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(8, 8), torch.randn(2, 3, 8)
+    shift = torch.zeros(2, 3, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = layer(inputs + shift).float().sum() * 1e-9
+        (plain,) = torch.autograd.grad(loss, shift, retain_graph=True)
+        (scaled,) = torch.autograd.grad(loss * _gradient_scale("cpu"), shift)
+    assert plain.abs().max() == 0 and scaled.abs().max() > 0
+    assert _gradient_scale("cpu") == 1.0  # outside fp16 autocast nothing changes

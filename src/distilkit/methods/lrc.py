@@ -68,6 +68,13 @@ def other_rows(offset: int, n_local: int, n_global: int) -> torch.Tensor:
     return rows[rows != own].view(n_local, n_global - 1)
 
 
+def _gradient_scale(device_type: str) -> float:
+    """A constant the loss is multiplied by before ∇_emb under fp16 autocast, where small gradients flush to zero
+    on the way back (GradScaler does the same for the update's gradients); 1 otherwise."""
+    fp16 = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+    return 1024.0 if fp16 else 1.0
+
+
 def gradient_perturbation(gradient: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Eq. (7): ε·g/‖g‖₂ with ‖g‖₂ the norm of each example's (T, D) gradient."""
     norms = gradient.flatten(1).norm(dim=1).clamp_min(1e-12)
@@ -137,8 +144,8 @@ class LRC(Method):
                             requires_grad=True)
         terms = self.loss_terms(batch, student_model.features(batch, request, embedding_delta=shift), teacher,
                                 progress)
-        (gradient,) = torch.autograd.grad(sum(terms.values()), shift)
-        delta = gradient_perturbation(gradient, self.params.epsilon)
+        (gradient,) = torch.autograd.grad(sum(terms.values()) * _gradient_scale(shift.device.type), shift)
+        delta = gradient_perturbation(gradient, self.params.epsilon)  # its direction only: the scale cancels
         return self.loss_terms(batch, student_model.features(batch, request, embedding_delta=delta), teacher,
                                progress)
 
