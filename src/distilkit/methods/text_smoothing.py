@@ -81,7 +81,8 @@ class TextSmoothing(Method):
         student = ctx.student
         teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
         if params.smoothing_teacher:
-            teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision)
+            teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision,
+                              device=next(ctx.teacher.model.parameters()).device)  # the run's GPU, if any
             # its top-k word ids replace the run's token ids: one size is not enough, the same words are needed
             check_same_vocabulary(load_tokenizer(ctx.teacher.path), load_tokenizer(teacher.path), ctx.teacher.name,
                                   params.smoothing_teacher, role="smoothing teacher",
