@@ -57,6 +57,20 @@ def test_distill_warns_of_an_untrained_teacher_and_records_it(tmp_path, glue_dir
     assert check["weak"] and check["constant"] == 0.5  # the tiny dev set is half positive
     assert check["teacher"] == metrics["teacher_scores"]["dev"]["accuracy"] < 0.52
     assert f"warning: the teacher scores accuracy {check['teacher']:.4f} on dev" in done.stderr
+    assert check["student"] == metrics["best_scores"]["dev"]["accuracy"]  # then set beside the teacher
+    assert check["student_at_or_above_teacher"] == (check["student"] >= check["teacher"])
+    assert ("at or above its teacher" in done.stderr) == check["student_at_or_above_teacher"]
+
+
+def test_a_student_at_or_above_its_teacher_is_said(capsys):
+    from distilkit.evaluate.against_teacher import check_student_beat_teacher
+
+    check = {"split": "dev", "metric": "accuracy", "teacher": 0.80, "weak": False}
+    assert check_student_beat_teacher(check, 0.79)["student_at_or_above_teacher"] is False
+    assert capsys.readouterr().err == ""
+    assert check_student_beat_teacher(check, 0.81) == {**check, "student": 0.81, "student_at_or_above_teacher": True}
+    assert "the student scores accuracy 0.8100 on dev, at or above its teacher (0.8000)" in capsys.readouterr().err
+    assert check_student_beat_teacher({}, 0.9) == {}  # no teacher scored (no head, several teachers)
 
 
 def test_a_dev_set_held_out_from_training_is_disjoint_and_the_same_every_time():

@@ -28,7 +28,8 @@ from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
-from distilkit.evaluate.against_teacher import check_teacher, measure_against_teacher, teacher_scores
+from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
+                                                teacher_scores)
 from distilkit.evaluate.profile import count_parameters
 from distilkit.machine import environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
@@ -327,7 +328,8 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         metrics.update(measure_against_teacher(run.student, run.teacher, run.eval_data, run.task,
                                                config.eval.batch_size, scored))
     if teacher_check:
-        metrics["teacher_check"] = teacher_check
+        split_scores = metrics["best_scores"].get(teacher_check["split"], {})
+        metrics["teacher_check"] = check_student_beat_teacher(teacher_check, split_scores.get(teacher_check["metric"]))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     # a finished run is never resumed: its checkpoints (weights + optimizer state, ~3x the model) only take disk
     shutil.rmtree(out / "checkpoints", ignore_errors=True)

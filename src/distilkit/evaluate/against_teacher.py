@@ -131,6 +131,19 @@ def check_teacher(scores: dict, eval_data: dict, task) -> dict:
             "constant_prediction": what, "weak": weak}
 
 
+def check_student_beat_teacher(check: dict, student_score: float | None) -> dict:
+    """After training: a student at or above its teacher on the teacher check's metric had nothing left to learn
+    from it (issue 24: a teacher below the labels-only student); said on stderr and kept in the check."""
+    if not check or student_score is None:
+        return check
+    beaten = bool(student_score >= check["teacher"])
+    if beaten:
+        print(f"warning: the student scores {check['metric']} {student_score:.4f} on {check['split']}, at or above its "
+              f"teacher ({check['teacher']:.4f}): the teacher is too weak to add anything to this student; compare "
+              "with the same student trained with method finetune, and fine-tune a stronger teacher", file=sys.stderr)
+    return {**check, "student": student_score, "student_at_or_above_teacher": beaten}
+
+
 def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size: int,
                             scores: dict | None = None) -> dict:
     """The teacher's dev scores on the student's own eval data (`scores` when already measured), and both
