@@ -20,6 +20,12 @@ batches). With random packed batches (the default since) KD is level with labels
 points, whatever the temperature, soft weight or objective: benchmarks/results/demo-study2), and the demo
 distils with TinyBERT instead.
 
+On regression (STS-B, S3-384, 3 seeds, benchmarks/results/protocol-dev) both terms are MSE, to the gold score
+and to the teacher's, and on the training pairs the teacher's score is the gold one plus the teacher's error. At
+3 epochs the more weight the teacher's score had, the lower the Pearson (gain over labels only: teacher alone
+-1.8 ± 0.2 points, soft weight 0.5 -0.3 ± 0.1, soft 1 -0.5 ± 0.1); at 5 epochs soft 1 is level with labels only
+(+0.0 ± 0.1), both 1.6-2.1 points higher. The deficit was under-training, so the defaults stay.
+
 Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
 softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
 models/teacher.py: average_logits).
