@@ -239,3 +239,16 @@ def test_a_plan_times_each_model_on_its_own_tokenization(tmp_path, glue_dir, tin
     record = json.loads((tmp_path / "results" / "records" / "sst2-kd-own.json").read_text())
     fp32 = record["speed"]["formats"]["pytorch_fp32"]
     assert fp32["student_dev"]["accuracy"] == pytest.approx(record["dev"]["score"])  # scored on its own reading
+
+
+def test_a_student_folder_without_tokenizer_files_reads_the_teachers_and_says_so(glue_dir, tiny_teacher, tmp_path,
+                                                                                  caplog):
+    import shutil
+
+    student = tmp_path / "bare-student"
+    shutil.copytree(tiny_teacher, student, ignore=shutil.ignore_patterns("tokenizer*", "vocab*", "special_tokens*"))
+    assert not list(student.glob("vocab*"))
+    with caplog.at_level("WARNING", logger="distilkit.run"):
+        metrics = run_experiment(build_config(cross_config(glue_dir, tiny_teacher, student, tmp_path / "out")))
+    assert metrics["steps"] == 4
+    assert f"student {student} has no tokenizer files: it reads the teacher's tokenization" in caplog.text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -158,6 +159,9 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             student_tokenizer = load_tokenizer(config.student.pretrained, trust)
         except (OSError, TypeError, NoTokenizerFiles):  # a folder without tokenizer files: the embedding size is checked below
             student_tokenizer = None
+            logging.getLogger(__name__).warning(
+                "student %s has no tokenizer files: it reads the teacher's tokenization (%s); if it was trained with "
+                "another tokenizer, save that beside it", config.student.pretrained, tokenizer_source)
         if student_tokenizer is not None and student_tokenizer.get_vocab() != tokenizer.get_vocab():
             check_own_tokenizer(config, task, method_cls)
             tokenizer_source, tokenizer, teacher_tokenizer = config.student.pretrained, student_tokenizer, tokenizer
