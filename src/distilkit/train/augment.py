@@ -89,8 +89,8 @@ class Candidates:
         """Per example, [text][word] -> candidate words (empty when the word cannot be replaced). The masked
         variants of all the examples share the MLM's batches."""
         outs, jobs = [], []  # jobs: (example, masked texts, the (text, word) places masked in it)
-        for n, texts in enumerate(examples):
-            words = [t.split() for t in texts]
+        split = [[t.split() for t in texts] for texts in examples]
+        for n, words in enumerate(split):
             flat = [(ti, wi) for ti, ws in enumerate(words) for wi in range(len(ws))]
             out = [[[] for _ in ws] for ws in words]
             outs.append(out)
@@ -106,10 +106,9 @@ class Candidates:
                         masked[ti][wi] = self.tokenizer.mask_token
                     jobs.append((n, tuple(" ".join(ws) for ws in masked), chosen))
         # a batch holds single texts or pairs, not both, of about one length (padding costs as much as text)
-        jobs.sort(key=lambda job: (len(job[1]), sum(len(t) for t in job[1])))
-        groups = [jobs[i: i + self.batch_size] for i in range(0, len(jobs), self.batch_size)]
-        groups = [[job for job in group if len(job[1]) == arity]
-                  for group in groups for arity in sorted({len(job[1]) for job in group})]
+        jobs.sort(key=lambda job: sum(len(t) for t in job[1]))
+        by_arity = [[job for job in jobs if len(job[1]) == arity] for arity in sorted({len(job[1]) for job in jobs})]
+        groups = [same[i: i + self.batch_size] for same in by_arity for i in range(0, len(same), self.batch_size)]
         for group in groups:
             batch = self.tokenizer(*[list(c) for c in zip(*(texts for _, texts, _ in group))], padding=True,
                                    truncation=True, max_length=256, return_tensors="pt")
@@ -120,12 +119,12 @@ class Candidates:
                 logits = self.teacher.mlm.logits(hidden[row, positions]).float()
                 logits[:, ~self.allowed] = float("-inf")
                 for (ti, wi), best in zip(chosen, logits.topk(self.k + 1).indices.tolist()):
-                    original = examples[n][ti].split()[wi].lower()
+                    original = split[n][ti][wi].lower()
                     outs[n][ti][wi] = [w for w in (self.vocab[i] for i in best) if w != original][: self.k]
         if self.glove is not None:
-            for out, texts in zip(outs, examples):
-                for ti, text in enumerate(texts):
-                    for wi, word in enumerate(text.split()):
+            for out, words in zip(outs, split):
+                for ti, text_words in enumerate(words):
+                    for wi, word in enumerate(text_words):
                         if not out[ti][wi]:
                             out[ti][wi] = self.glove.neighbours(word)
         return outs
