@@ -127,10 +127,11 @@ def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(mon
     monkeypatch.chdir(Path(__file__).parents[1])  # benchmark plans are found from the repository root
     for name, tasks in (("protocol-dev", {"sst2", "mrpc", "stsb"}), ("protocol-confirm", {"qnli", "mnli", "qqp", "wnli"})):
         cells = Plans(load_plan(name)).cells()
-        # the protocol's cells, {task}-{method}-{student}; investigation arms (e.g. stsb-kd-soft05-S3-384) change a
-        # setting on purpose and are named for it
+        # the protocol's cells, {task}-{method}-e5-{student} (its student budget: 5 epochs); investigation arms
+        # (e.g. stsb-kd-soft05-S3-384) change a setting on purpose and are named for it
         students = {n: c for n, c in cells.items() if re.sub(r"-seed\d+$", "", n) ==
-                    f"{c.config.task.name}-{c.config.method.name}-{c.config.student.preset}"}
+                    f"{c.config.task.name}-{c.config.method.name}-e5-{c.config.student.preset}"}
+        assert {c.config.train.epochs for c in students.values()} == {5}
         assert {c.config.task.name for c in students.values()} == tasks
         for student in ("S3-384", "S4-312"):
             for task in tasks:
@@ -147,3 +148,23 @@ def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(mon
         runs = {(c.config.task.name, c.config.student.preset, c.config.method.name, c.config.train.seed) for c in first}
         assert runs == {(task, "S3-384", method, seed) for task in tasks for method in ("finetune", "kd")
                         for seed in (42, 1, 2)}
+
+
+def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_machines_students():
+    """One config and seed trains bit for bit the same on one CPU, not across CPUs: such runs share no teacher."""
+    from distilkit.evaluate.report import paired
+
+    def on(cpu, record):
+        return record | {"environment": {"cpu": cpu}}
+
+    runs = {"teacher-sst2": on("Xeon", _record("sst2", 42, 0.90)),
+            "sst2-finetune-S": on("EPYC", _record("sst2", 42, 0.80)),
+            "sst2-kd-S": on("Xeon", _record("sst2", 42, 0.82)),
+            "sst2-finetune-S-seed1": on("Xeon", _record("sst2", 1, 0.81)),
+            "sst2-kd-S-seed1": on("Xeon", _record("sst2", 1, 0.84))}
+    assert [seed for seed, _, _ in paired(runs, "sst2-finetune-S", "sst2-kd-S")] == [1]
+    spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2"}, "cell": "{task}-{method}-{student}",
+            "baseline": "finetune", "methods": ["kd"], "students": ["S"]}
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8100 (90.0%) | +3.0 (93.3%, 1 seed) |"
+    runs["teacher-sst2"] = on("EPYC", runs["teacher-sst2"])  # retrained elsewhere: one labels-only student, no pair
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%) | – |"

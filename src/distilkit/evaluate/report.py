@@ -252,13 +252,23 @@ def spread(values: list[float], points: bool = False, unit: int = 100) -> str:
 
 
 def machine(records: list[dict]) -> str:
+    """Every machine the records were measured on, in order of appearance."""
+    seen = []
     for record in records:
         env = record.get("environment")
         if env:
             vector = f" ({env['cpu_capability']})" if "cpu_capability" in env else ""
-            return (f"Machine: {env['cpu']}{vector}, {env['cores']} cores; "
-                    f"torch {env['torch']}, transformers {env['transformers']}.")
-    return ""
+            line = f"{env['cpu']}{vector}, {env['cores']} cores; torch {env['torch']}, transformers {env['transformers']}"
+            if line not in seen:
+                seen.append(line)
+    if len(seen) > 1:
+        return ("Machines (tables pair and compare runs of one machine only: see `paired`): "
+                + "; ".join(f"{i + 1}. {line}" for i, line in enumerate(seen)) + ".")
+    return f"Machine: {seen[0]}." if seen else ""
+
+
+def cpu(record: dict) -> str | None:
+    return record.get("environment", {}).get("cpu")
 
 
 def runs_table(runs: dict[str, dict]) -> list[str]:
@@ -301,9 +311,12 @@ def seeded(runs: dict[str, dict], cell: str) -> dict[int, dict]:
 
 
 def paired(runs: dict[str, dict], first: str, second: str) -> list[tuple[int, dict, dict]]:
-    """The seeds at which both cells exist, with the two records, in the plan's seed order."""
+    """The seeds at which both cells exist on the same kind of CPU, with the two records, in the plan's seed order.
+    Training repeats bit for bit on one CPU, not across CPUs (protocol-dev's STS-B teacher, one config and seed:
+    Pearson 0.8487 on an AMD EPYC, 0.8468 on a Xeon), so runs from two machines share neither their teacher nor
+    their start and are no pair."""
     a, b = seeded(runs, first), seeded(runs, second)
-    return [(seed, a[seed], b[seed]) for seed in a if seed in b]
+    return [(seed, a[seed], b[seed]) for seed in a if seed in b and cpu(a[seed]) == cpu(b[seed])]
 
 
 def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
@@ -352,7 +365,8 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
         for task, teacher_cell in spec["teachers"].items():
             teacher = runs.get(teacher_cell)
             cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
-            labels = seeded(runs, cell(spec["baseline"]))
+            labels = {seed: r for seed, r in seeded(runs, cell(spec["baseline"])).items()
+                      if teacher is not None and cpu(r) == cpu(teacher)}  # its students learnt from this teacher
             if teacher is None or not labels:
                 continue
             metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
@@ -361,14 +375,15 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             flags = []
             if top < statistics.mean(baseline):
                 flags.append("weak: below labels only")
-            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(m)).values()]
+            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(m)).values()
+                        if cpu(r) == cpu(teacher)]
             weak = [r["teacher_check"] for r in row_runs if r.get("teacher_check", {}).get("weak")]  # this teacher's
             if weak:
                 flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
                    f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%)"]
             for method in spec["methods"]:
-                found = paired(runs, cell(spec["baseline"]), cell(method))
+                found = [f for f in paired(runs, cell(spec["baseline"]), cell(method)) if f[0] in labels]
                 if not found:
                     row.append("–")
                     continue
