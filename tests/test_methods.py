@@ -84,6 +84,21 @@ def test_tinybert_switches_from_intermediate_to_prediction_at_configured_step():
     assert set(method.loss_terms({}, student, teacher, Progress(6, 10))) == {"prediction"}
 
 
+def test_tinybert_adds_a_label_term_to_the_prediction_stage_only_when_asked():
+    mask = torch.ones(1, 1)
+    student = Features(mask, logits=torch.tensor([[0.0, math.log(3)]]))
+    teacher = Features(mask, logits=torch.tensor([[0.0, 0.0]]))
+    batch = {"labels": torch.tensor([1])}
+    paper = _method({"name": "tinybert", "intermediate_fraction": 0.0})
+    assert not paper.uses_labels() and set(paper.loss_terms(batch, student, teacher, Progress(0, 10))) == {"prediction"}
+    labelled = _method({"name": "tinybert", "intermediate_fraction": 0.0, "hard_weight": 0.5})
+    terms = labelled.loss_terms(batch, student, teacher, Progress(0, 10))
+    assert labelled.uses_labels()
+    # soft CE at T = 1 to the uniform teacher: -(ln 1/4 + ln 3/4) / 2
+    assert terms["prediction"].item() == pytest.approx(-0.5 * math.log(0.25) - 0.5 * math.log(0.75))
+    assert terms["hard"].item() == pytest.approx(-0.5 * math.log(0.75))  # 0.5 · CE: p(label 1) = 3/4
+
+
 def test_tinybert_projects_when_widths_differ_and_checks_heads():
     method = _method({"name": "tinybert"}, width=4, teacher_width=8)
     assert isinstance(method.projections[1], torch.nn.Linear) and method.projections[1].in_features == 4

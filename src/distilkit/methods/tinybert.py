@@ -11,6 +11,8 @@ TinyBERT runs the two stages as two trainings; here they are two parts of one ru
 `schedule: joint` instead sums every term at every step (one-stage; TextBrewer's GeneralDistiller
 runs soft-label KD plus projected hidden MSE this way), and `intermediate_fraction` is not used.
 The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers).
+`hard_weight` adds the task's own loss on gold labels to the prediction stage (eq. 10 has none: TinyBERT's
+prediction data are mostly augmented, teacher-labelled copies); 0, the paper's, by default.
 """
 
 from typing import Literal
@@ -38,6 +40,7 @@ class TinyBERT(Method):
         hidden_weight: float = Field(1.0, ge=0)
         attention_weight: float = Field(1.0, ge=0)
         prediction_weight: float = Field(1.0, ge=0)
+        hard_weight: float = Field(0.0, ge=0)  # the label term in the prediction stage (not in eq. 10)
 
     @classmethod
     def token_aligned_terms(cls, params):
@@ -54,6 +57,9 @@ class TinyBERT(Method):
                              f"{ctx.student.num_heads} heads, the teacher {ctx.teacher.config.num_attention_heads}")
         # W_e and W_h: one projection per distilled layer (index 0 = embeddings)
         self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(len(self.mapping) + 1))
+
+    def uses_labels(self):
+        return self.params.hard_weight > 0
 
     def _intermediate(self, progress=None) -> bool:
         """Whether the intermediate terms count (at this step, or at any step when progress is None)."""
@@ -108,4 +114,6 @@ class TinyBERT(Method):
         if self._prediction(progress):
             terms["prediction"] = (p.prediction_weight, self.soft_label_loss(student.logits, teacher.logits,
                                                                              p.temperature, "cross_entropy"))
+            terms["hard"] = (p.hard_weight, self.label_loss(student.logits, batch["labels"])
+                             if p.hard_weight else None)
         return weighted(terms)
