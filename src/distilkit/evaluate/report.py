@@ -364,10 +364,12 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
         rows = []
         for task, teacher_cell in spec["teachers"].items():
             teacher = runs.get(teacher_cell)
+            if teacher is None:
+                continue
             cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
             labels = {seed: r for seed, r in seeded(runs, cell(spec["baseline"])).items()
-                      if teacher is not None and cpu(r) == cpu(teacher)}  # its students learnt from this teacher
-            if teacher is None or not labels:
+                      if cpu(r) == cpu(teacher)}  # the students that learnt from this teacher
+            if not labels:
                 continue
             metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
             top = score(teacher, metric)
