@@ -8,7 +8,7 @@ cross-tokenizer path on real models, the teacher cache filled over `--cache-exam
 the first step included), teacher forward rate while filling the cache, and the CPU time the plan's
 cells would take at those rates. Runs go to benchmarks/work/t12-step-cost/ (replaced when rerun).
 Usage (run under the CPU lock):
-  DISTILKIT_DATA=../shared/data python benchmarks/t12_step_cost.py > benchmarks/results/base-teacher/step-cost.json
+  DISTILKIT_DATA=../shared/data distilkit bench base-teacher --cell step-cost   (the base-teacher plan runs this as a step)
 """
 
 import argparse
