@@ -308,6 +308,42 @@ def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
         Plans(load_plan(path), path).cells()
 
 
+def test_two_bench_processes_on_one_plan_train_a_shared_cell_once(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    """Two `distilkit bench` runs sharing a plan (one per core or GPU): the second waits for the cell the first is
+    training, then reads it, instead of training it again or failing on the run folder's lock."""
+    import threading
+    import time
+
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    del data["speed"]
+    path.write_text(yaml.safe_dump(data))
+    launched = []
+
+    def fake_distill(self, config_path):  # what `distilkit distill` leaves behind, slowly
+        launched.append(config_path)
+        time.sleep(0.5)
+        run_dir = Path(yaml.safe_load(Path(config_path).read_text())["output"]["dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(Path(config_path).read_text())
+        (run_dir / "metrics.json").write_text(json.dumps({"trained_by": threading.current_thread().name}))
+        return 0
+    monkeypatch.setattr(Plans, "launch", fake_distill)
+    results = {}
+
+    def bench(name):
+        plans = Plans(load_plan(path), path)
+        results[name] = plans.train(plans.cell("sst2-kd-L2"))
+    threads = [threading.Thread(target=bench, args=(n,), name=n) for n in ("first", "second")]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    assert len(launched) == 1
+    assert results["first"] == results["second"] == {"trained_by": "first"}
+
+
 # submission ------------------------------------------------------------------------------------
 
 def test_submission_rows_and_file_names():

@@ -14,7 +14,8 @@ plans too. `include` pulls in other plans' cells (the shared teachers), run only
 Each cell is an ordinary experiment config, written to `<run dir>/config.yaml` and trained by
 `distilkit distill` in its own process (so its peak memory is its own). A cell is skipped only when
 its metrics exist, its saved config equals the resolved one and no cell it starts from finished
-later; otherwise it runs again, its earlier folder moved aside. `steps` run measurement commands
+later; otherwise it runs again, its earlier folder moved aside. Several `distilkit bench` processes may share a
+plan (one per GPU or core): a cell another process is training is waited for, then read, never trained twice. `steps` run measurement commands
 (benchmarks/*.py, `distilkit similarity`) when their output is missing or older than a cell they measure. Records (one JSON per cell
 and per step) go to `<results>/records/`, and `report` renders every table and plot from them.
 A plan with `speed` also measures each student (at its group's first seed) beside its teacher in the deployment
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from filelock import FileLock, Timeout
 from pydantic import Field, ValidationError
 
 from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
@@ -279,6 +281,20 @@ class Plans:
         the same config; an earlier run with another config or stale inputs is moved aside, not lost)."""
         for name in cell.upstream:
             self.train(self.cell(name))
+        cell.dir.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(cell.dir.parent / f".{cell.dir.name}.plan.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            print(f"[plan] {cell.name}: another bench process is training it; waiting for it to finish",
+                  file=sys.stderr, flush=True)
+            lock.acquire()
+        try:
+            return self._train_locked(cell)
+        finally:
+            lock.release()
+
+    def _train_locked(self, cell: Cell) -> dict:
         metrics = cell.dir / "metrics.json"
         if self.finished(cell):
             return json.loads(metrics.read_text())
