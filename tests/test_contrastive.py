@@ -17,7 +17,7 @@ from distilkit import losses
 from distilkit.config import load_config, method_params
 from distilkit.data.tasks import glue_task
 from distilkit.methods import MethodContext, Progress, get_method
-from distilkit.methods.lrc import gradient_perturbation, other_rows
+from distilkit.methods.lrc import gradient_perturbation
 from distilkit.models.features import Features, FeatureRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,8 +166,19 @@ def test_lrc_mse_ablation_and_projection_for_narrow_students():
     assert got.item() == pytest.approx(expected.item(), abs=1e-6)
 
 
-def test_other_rows_excludes_only_the_row_itself():
-    assert other_rows(2, 2, 4).tolist() == [[0, 1, 3], [0, 1, 2]]
+def test_cos_nce_in_batch_is_cos_nce_with_every_other_row_as_negatives():
+    torch.manual_seed(0)
+    student, teachers = torch.randn(2, 6), torch.randn(4, 6)
+    # rows 2 and 3 of a batch of 4 (another process holds rows 0 and 1): negatives are the other three rows
+    expected = losses.cos_nce(student, teachers[[2, 3]], torch.stack([teachers[[0, 1, 3]], teachers[[0, 1, 2]]]))
+    assert losses.cos_nce_in_batch(student, teachers, offset=2).item() == pytest.approx(expected.item(), abs=1e-6)
+    # by hand, B = 2, one student row: z_s = (1, 0); its teacher (2, 2) at g = 1 - 1/sqrt2; the other teacher
+    # (-1, 0) at g = 2, so (2 - (2 - g_pos)) / 2 + g_pos = 1.5 g_pos
+    positive = 1 - 2 ** -0.5
+    got = losses.cos_nce_in_batch(_rows([1, 0]), torch.tensor([[2.0, 2.0], [-1.0, 0.0]]))
+    assert got.item() == pytest.approx((2 - (2 - positive)) / 2 + positive, abs=1e-6)
+    with pytest.raises(ValueError, match="at least 2 examples"):
+        losses.cos_nce_in_batch(_rows([1, 0]), _rows([1, 0]))
 
 
 def test_gradient_perturbation_has_norm_epsilon_per_example():

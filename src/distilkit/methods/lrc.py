@@ -61,13 +61,6 @@ def zero_padding(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Te
     return hidden * attention_mask.unsqueeze(-1).to(hidden.dtype)
 
 
-def other_rows(offset: int, n_local: int, n_global: int) -> torch.Tensor:
-    """For each local row (global index offset + r), the indices of every other row of the global batch."""
-    rows = torch.arange(n_global).expand(n_local, n_global)
-    own = torch.arange(offset, offset + n_local)[:, None]
-    return rows[rows != own].view(n_local, n_global - 1)
-
-
 def _gradient_scale(device_type: str) -> float:
     """A constant the loss is multiplied by before ∇_emb under fp16 autocast, where small gradients flush to zero
     on the way back (GradScaler does the same for the update's gradients); 1 otherwise."""
@@ -169,11 +162,9 @@ class LRC(Method):
         """Eq. (3) for one layer pair: COS-NCE against the teacher outputs of the rest of the global batch."""
         if self.params.intermediate_loss == "mse":
             return losses.hidden_mse(student_projected, teacher_hidden, attention_mask)
-        n_local, length = teacher_hidden.shape[:2]
+        length = teacher_hidden.shape[1]
         teacher_rows, offset = self.gather_batch(zero_padding(teacher_hidden, attention_mask))
         student_rows = zero_padding(student_projected, attention_mask)
         # other processes' sequences may be longer: zero tokens at the end leave every cosine unchanged
         student_flat = F.pad(student_rows, (0, 0, 0, teacher_rows.shape[1] - length)).flatten(1)
-        teacher_flat = teacher_rows.flatten(1)
-        negatives = teacher_flat[other_rows(offset, n_local, teacher_flat.shape[0])]
-        return losses.cos_nce(student_flat, teacher_flat[offset: offset + n_local], negatives)
+        return losses.cos_nce_in_batch(student_flat, teacher_rows.flatten(1), offset)
