@@ -172,6 +172,7 @@ def test_codir_pre_refuses_a_student_over_another_vocabulary_than_the_teacher_ml
     vocab = student.config.vocab_size - 3
     with pytest.raises(MLMHeadError, match=rf"is over {vocab} words but the student's vocabulary has {vocab + 3}"):
         run_experiment(build_config(config))
+    assert not (tmp_path / "x").exists()  # refused before the run wrote anything
 
 
 # ------------------------------------------------------------------------------------------ RefBERT

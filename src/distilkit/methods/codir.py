@@ -105,6 +105,9 @@ class CoDIR(Method):
         if params.objective == "pretrain" and self.negative_sampling == "other_label":
             raise ValueError("CoDIR-Pre has no labels to pick negatives by: set method.negative_sampling=batch "
                              "(the paper) or negative_sampling=bank")
+        if params.objective == "pretrain" and params.kd_weight:  # the teacher's MLM distribution is over the
+            # student's words: refused before the run writes anything, not at its first step
+            ctx.teacher.mlm.check_vocabulary(word_embeddings(ctx.student.model).shape[0])
 
     def _other_label_pools(self) -> list[torch.Tensor]:
         """For each class, the ids of the training examples with another label (fine-tuning negatives)."""
@@ -209,8 +212,6 @@ class CoDIR(Method):
         if "mlm_labels" not in batch:
             raise ValueError("objective=pretrain needs masked batches with mlm_labels (the unlabeled-text "
                              "pipeline's MLM masking); use objective=finetune on labelled task data")
-        if self.params.kd_weight:  # the teacher's MLM distribution must be over the student's words
-            self.ctx.teacher.mlm.check_vocabulary(word_embeddings(self.ctx.student.model).shape[0])
         masked = batch["mlm_labels"] != -100
         student_logits = of_model(self.ctx.student.model).logits(student.hidden[self.student_layers[-1]][masked])
         mlm = losses.hard_cross_entropy(student_logits, batch["mlm_labels"][masked])
