@@ -115,7 +115,8 @@ def cos_nce_in_batch(student: torch.Tensor, teachers: torch.Tensor, offset: int 
     `student` (b, D) are rows offset … offset + b − 1 of the batch whose teacher outputs are `teachers` (B, D)
     (b < B when the batch is split over processes): row r's positive is teachers[offset + r], its negatives every
     other teacher row. Equal to `cos_nce(student, teachers[own], teachers[others])`, computed from one (b × B)
-    cosine matrix instead of gathering B − 1 copies of each (T·d)-long row, which made LRC ~4× slower per step.
+    cosine matrix instead of gathering B − 1 copies of each (T·d)-long row (LRC on MRPC, S4-312, one thread:
+    2.2 s a step before, 1.0 s after).
     """
     b, n = student.shape[0], teachers.shape[0]
     if n < 2:

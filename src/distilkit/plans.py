@@ -14,10 +14,11 @@ plans too. `include` pulls in other plans' cells (the shared teachers), run only
 Each cell is an ordinary experiment config, written to `<run dir>/config.yaml` and trained by
 `distilkit distill` in its own process (so its peak memory is its own). A cell is skipped only when
 its metrics exist, its saved config equals the resolved one and no cell it starts from finished
-later; otherwise it runs again, its earlier folder moved aside. Several `distilkit bench` processes may share a
-plan (one per GPU or core): a cell another process is training is waited for, then read, never trained twice. `steps` run measurement commands
-(benchmarks/*.py, `distilkit similarity`) when their output is missing or older than a cell they measure. Records (one JSON per cell
-and per step) go to `<results>/records/`, and `report` renders every table and plot from them.
+later; otherwise it runs again, its earlier folder moved aside. Several `distilkit bench` processes may
+share a plan (one per GPU or core): a cell another process is training is waited for, then read, never
+trained twice. `steps` run measurement commands (benchmarks/*.py, `distilkit similarity`) when their output
+is missing or older than a cell they measure. Records (one JSON per cell and per step) go to
+`<results>/records/`, and `report` renders every table and plot from them.
 A plan with `speed` also measures each student (at its group's first seed) beside its teacher in the deployment
 formats; its teachers and other seeds get plain records.
 """
