@@ -348,7 +348,7 @@ def test_codir_crd_term_is_info_nce_over_bank_negatives_and_only_a_taken_step_up
 
 def test_codir_negatives_default_to_other_labels_on_classes_and_to_the_batch_elsewhere():
     assert _codir().negative_sampling == "other_label"
-    assert _codir(objective="pretrain").negative_sampling == "batch"
+    assert _codir(objective="pretrain", kd_weight=0.0).negative_sampling == "batch"  # stand-ins have no MLM head
     assert _method({"name": "codir"}, task="stsb", train_labels=torch.tensor([0.5, 1.0])).negative_sampling == "batch"
     assert _codir(negative_sampling="bank").negative_sampling == "bank"
 
@@ -368,7 +368,7 @@ def test_codir_explains_impossible_settings():
         _method({"name": "codir", "negative_sampling": "other_label"}, task="stsb", train_labels=torch.tensor([0.5, 1.0]))
     with pytest.raises(ValueError, match="negative_sampling=batch"):
         _codir(objective="pretrain", negative_sampling="other_label")
-    method = _codir(objective="pretrain", negative_sampling="batch")
+    method = _codir(objective="pretrain", negative_sampling="batch", kd_weight=0.0)  # stand-ins: no MLM head
     student, teacher = _codir_features()
     with pytest.raises(ValueError, match="mlm_labels"):
         method.loss_terms({"example_ids": torch.tensor([0, 1, 2])}, student, teacher, Progress(0, 10))
