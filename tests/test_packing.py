@@ -111,8 +111,7 @@ def test_layout_packs_first_fit_by_decreasing_length():
     layout = PackedLayout.of(mask, row_tokens=6)
     # lengths 2, 5, 3, 1 -> row 0: 5 then 1; row 1: 3 then 2
     assert (layout.rows, layout.row_length) == (2, 6)
-    assert layout.example_row.tolist() == [1, 0, 1, 0]
-    assert layout.example_start.tolist() == [3, 0, 0, 5]
+    assert layout.spans == ((1, 3, 2), (0, 0, 5), (1, 0, 3), (0, 5, 1))  # (row, first slot, length)
     assert layout.position.tolist() == [[0, 1, 2, 3, 4, 0], [0, 1, 2, 0, 1, 0]]
     assert layout.block.tolist() == [[1, 1, 1, 1, 1, 3], [2, 2, 2, 0, 0, 5]]  # row 1's free tail is its own block
     values = torch.arange(20.0).view(4, 5) * mask
