@@ -99,6 +99,23 @@ def test_tinybert_adds_a_label_term_to_the_prediction_stage_only_when_asked():
     assert terms["hard"].item() == pytest.approx(-0.5 * math.log(0.75))  # 0.5 · CE: p(label 1) = 3/4
 
 
+def test_tinybert_label_term_by_default_only_for_a_score_with_gold_labels():
+    mask = torch.ones(2, 1)
+    student = Features(mask, logits=torch.tensor([[1.0], [2.0]]))
+    teacher = Features(mask, logits=torch.tensor([[0.0], [2.0]]))
+    batch = {"labels": torch.tensor([1.0, 0.0])}
+    regression = _method({"name": "tinybert", "intermediate_fraction": 0.0}, task="stsb")
+    terms = regression.loss_terms(batch, student, teacher, Progress(0, 10))
+    assert regression.uses_labels()
+    assert terms["prediction"].item() == pytest.approx(0.5)  # eq. 10 as MSE: ((1-0)^2 + 0) / 2
+    assert terms["hard"].item() == pytest.approx((0 + 4) / 2)  # weight 1: ((1-1)^2 + (2-0)^2) / 2
+    assert not _method({"name": "tinybert"}).uses_labels()  # classes: eq. 10 alone, the paper's
+    unlabelled = get_method("tinybert")(method_params({"name": "tinybert"}), MethodContext(
+        task=glue_task("stsb"), student=_ctx().student, teacher=_ctx().teacher, train_size=4, labelled=False))
+    assert not unlabelled.uses_labels()  # a teacher-labelled corpus: nothing gold to fit
+    assert not _method({"name": "tinybert", "hard_weight": 0.0}, task="stsb").uses_labels()
+
+
 def test_tinybert_projects_when_widths_differ_and_checks_heads():
     method = _method({"name": "tinybert"}, width=4, teacher_width=8)
     assert isinstance(method.projections[1], torch.nn.Linear) and method.projections[1].in_features == 4
