@@ -145,19 +145,18 @@ class PackedLayout:
             row_of[example], start_of[example] = row, fill[row]
             fill[row] += sizes[example]
         rows, row_length = len(fill), max(fill)
+        spans = tuple(zip(row_of, start_of, sizes))
         device = attention_mask.device
         block = torch.tensor([[batch + r] * row_length for r in range(rows)])
         position = torch.zeros(rows, row_length, dtype=torch.long)
         padded_index, packed_index = [], []
-        for b in range(batch):
-            r, s, n = row_of[b], start_of[b], sizes[b]
+        for b, (r, s, n) in enumerate(spans):
             block[r, s:s + n] = b
             position[r, s:s + n] = torch.arange(n)
             padded_index.append(torch.arange(b * length, b * length + n))
             packed_index.append(torch.arange(r * row_length + s, r * row_length + s + n))
         return cls(batch, length, rows, row_length, torch.cat(padded_index).to(device),
-                   torch.cat(packed_index).to(device), block.to(device), position.to(device),
-                   tuple(zip(row_of, start_of, sizes)))
+                   torch.cat(packed_index).to(device), block.to(device), position.to(device), spans)
 
     def pack(self, padded: torch.Tensor, fill=0) -> torch.Tensor:
         """(B, T, ...) -> (rows, row_length, ...); differentiable (LRC's shift gets its gradient through it)."""
@@ -185,8 +184,9 @@ class PackedLayout:
 class _UnpackScores(torch.autograd.Function):
     """Copies each sequence's diagonal block of the packed scores, and its gradient back, slice by slice.
 
-    An index gather of the (B, H, T, T) blocks did the same, but with its scatter-add backward and the MSE a distilled
-    layer cost ~4 s a step at SQuAD's windows (32 of up to 384 tokens, one thread) against ~2.3 s now. The copies
+    An index gather of the (B, H, T, T) blocks did the same, but with its scatter-add backward a distilled layer's
+    unpack, MSE and backward took 1.65x as long at SQuAD's windows (32 of up to 384 tokens, one thread, side by side:
+    benchmarks/unpack_scores_cost.py, record benchmarks/results/packing/unpack-scores-cost.json). The copies
     give the same values on real token pairs and the same gradients bit for bit, so runs trained before this change
     repeat (the gather also copied some scores into padding slots, which every loss masks)."""
 
