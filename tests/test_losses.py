@@ -61,9 +61,14 @@ def test_attention_mse_over_real_pairs_tinybert_eq7():
     assert losses.attention_mse(student, teacher, mask).item() == pytest.approx(2.5)
 
 
-def test_pkd_normalized_distance_eq4():
-    # unit vectors [1, 0] and [0, 1]: squared distance 2; identical directions: 0
-    assert losses.pkd_normalized_distance(torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 2.0]])).item() == \
-        pytest.approx(2.0)
-    assert losses.pkd_normalized_distance(torch.tensor([[1.0, 1.0]]), torch.tensor([[5.0, 5.0]])).item() == \
+def test_pkd_patient_loss_eq4_at_the_authors_scale():
+    # unit vectors [1, 0] and [0, 1]: squared distance 2, over 2 hidden units: 1; identical directions: 0
+    assert losses.pkd_patient_loss([torch.tensor([[3.0, 0.0]])], [torch.tensor([[0.0, 2.0]])]).item() == \
+        pytest.approx(1.0)
+    assert losses.pkd_patient_loss([torch.tensor([[1.0, 1.0]])], [torch.tensor([[5.0, 5.0]])]).item() == \
         pytest.approx(0.0, abs=1e-7)
+    # two layer pairs (distances 2 and 0) and two examples (2 and 2, 0 and 0): the mean over batch, layers, units
+    first = torch.tensor([[3.0, 0.0], [0.0, 1.0]])
+    second = torch.tensor([[1.0, 1.0], [2.0, 2.0]])
+    assert losses.pkd_patient_loss([first, second], [first.flip(-1), second]).item() == \
+        pytest.approx((2 + 2 + 0 + 0) / (2 * 2 * 2))

@@ -144,11 +144,13 @@ def test_pkd_loss_weights():
     other = torch.zeros(1, 2, 8)
     other[0, 0, 1] = 1.0
     student = Features(mask, hidden={1: hidden}, logits=torch.tensor([[0.0, 0.0]]))
-    teacher = Features(mask, hidden={2: other}, logits=torch.tensor([[0.0, 0.0]]))
+    # the teacher's logits at T 5 give probabilities 3/4, 1/4; the student's 1/2, 1/2
+    teacher = Features(mask, hidden={2: other}, logits=torch.tensor([[5.0 * math.log(3), 0.0]]))
     terms = method.loss_terms({"labels": torch.tensor([0])}, student, teacher, Progress(0, 1))
-    assert terms["patient"].item() == pytest.approx(10.0 * 2.0)
+    assert terms["patient"].item() == pytest.approx(10.0 * 2.0 / 8)  # distance 2 over 8 hidden units
     assert terms["hard"].item() == pytest.approx(0.75 * math.log(2), abs=1e-6)
-    assert terms["soft"].item() == pytest.approx(0.25 * math.log(2), abs=1e-6)
+    kl = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
+    assert terms["soft"].item() == pytest.approx(0.25 * 5.0 ** 2 * kl, abs=1e-5)  # T^2 KL, the authors' code
 
 
 def test_tinybert_joint_schedule_sums_every_term_at_every_step():

@@ -27,8 +27,8 @@ def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tenso
     """TinyBERT eq. (10): −softmax(zᵀ/t) · log_softmax(zˢ/t), mean over the batch (and any other leading
     axes: the start and end distributions of span logits).
 
-    Also the soft term of BERT-PKD (L_DS). It equals the KL divergence plus the teacher's entropy,
-    which does not depend on the student, so the gradients are the same as KL's.
+    It equals the KL divergence plus the teacher's entropy, which does not depend on the student, so the
+    gradients are the same as KL's (without the T² factor Hinton et al. add).
     """
     teacher_probs = F.softmax(teacher_logits.float() / temperature, dim=-1)
     student_log_probs = F.log_softmax(student_logits.float() / temperature, dim=-1)
@@ -74,11 +74,15 @@ def attention_mse(student_scores: torch.Tensor, teacher_scores: torch.Tensor,
     return squared.sum() / (pair_mask.sum() * teacher_scores.shape[1]).clamp_min(1.0)
 
 
-def pkd_normalized_distance(student_cls: torch.Tensor, teacher_cls: torch.Tensor) -> torch.Tensor:
-    """BERT-PKD eq. (4) for one layer pair: ‖hˢ/‖hˢ‖₂ − hᵀ/‖hᵀ‖₂‖²₂ on [CLS], mean over the batch."""
-    student_unit = F.normalize(student_cls.float(), dim=-1)
-    teacher_unit = F.normalize(teacher_cls.float(), dim=-1)
-    return (student_unit - teacher_unit).pow(2).sum(-1).mean()
+def pkd_patient_loss(student_cls: list[torch.Tensor], teacher_cls: list[torch.Tensor]) -> torch.Tensor:
+    """BERT-PKD eq. (4), L_PT = Σ_j ‖hˢ_j/‖hˢ_j‖₂ − hᵀ_j/‖hᵀ_j‖₂‖²₂ over the [CLS] of each mapped layer pair,
+    at the scale the authors ran it: their released code takes `F.mse_loss` of the stacked unit vectors, the
+    MEAN over batch, layer pairs and hidden units where the equation sums layers and units. The paper's β
+    (searched over 10-1000) is in those units; against the literal sum it is d·(M−1) times weaker.
+    """
+    student_units = F.normalize(torch.stack(student_cls, dim=1).float(), dim=-1)
+    teacher_units = F.normalize(torch.stack(teacher_cls, dim=1).float(), dim=-1)
+    return F.mse_loss(student_units, teacher_units)
 
 
 def _cosine_to_each(candidates: torch.Tensor, anchor: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -101,8 +101,8 @@ class Method(nn.Module):
     def soft_label_loss(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
                         form: Literal["kl", "scaled_kl", "cross_entropy"]) -> torch.Tensor:
         """The teacher's predictions as targets: MSE to them for regression (STS-B), else, at temperature T,
-        "kl" (LRC-BERT eq. 4, CoDIR eq. 2), "scaled_kl" T²·KL (Hinton et al. 2015 §2) or "cross_entropy"
-        (TinyBERT eq. 10, BERT-PKD's L_DS)."""
+        "kl" (LRC-BERT eq. 4, CoDIR eq. 2), "scaled_kl" T²·KL (Hinton et al. 2015 §2; BERT-PKD's
+        code) or "cross_entropy" (TinyBERT eq. 10)."""
         if self.ctx.task.is_regression:
             return losses.mse(student_logits, teacher_logits)
         if form == "cross_entropy":
