@@ -307,3 +307,14 @@ def test_teacher_cache_false_leaves_no_store_behind(tmp_path, glue_dir, tiny_tea
                            student={"layers": 2, "layer_selection": "first"},
                            method={"name": "text_smoothing", "top_k": 4, "smoothing_teacher": str(tiny_base_model)}))
     assert any(cache.rglob("*"))  # the check above can fail
+
+
+@pytest.mark.parametrize("task, lam, expected", [("sst2", None, 0.5), ("stsb", None, 0.8), ("stsb", 0.3, 0.3)])
+def test_text_smoothing_lambda_follows_the_head_unless_set(tmp_path, glue_dir, tiny_base_model, task, lam, expected):
+    """λ 0.5 (the paper's) on classes, 0.8 on a score, where 0.5 lost STS-B 2.2 points (methods/text_smoothing.py)."""
+    from distilkit.run import build_run
+
+    method = {"name": "text_smoothing", "top_k": 4, **({"lam": lam} if lam is not None else {})}
+    built = build_run(_config(glue_dir, tmp_path / "x", tiny_base_model, task={"name": task},
+                              student={"layers": 2, "layer_selection": "first"}, method=method))
+    assert built.method.lam == expected
