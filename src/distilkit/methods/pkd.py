@@ -8,8 +8,9 @@ differ (the paper's students share the teacher's width) a learned projection map
 
 Both terms at the scale the authors ran them, which their α, T and β were chosen for: L_DS is T²·KL (the
 released code's `KLDivLoss(...) * T * T`, whose "mean" reduction also divides by the number of classes; the
-equation's cross-entropy without T² has 1/T² of its gradient), and L_PT is the mean over layers and hidden units (`losses.pkd_patient_loss`). Read literally,
-β 100 on the summed eq. (4) was ~100x the label term at the first steps of S3-384 (384 units, 2 layers) and PKD
+equation's cross-entropy without T² has 1/T² of its gradient), and L_PT is the mean over layers and hidden
+units (`losses.pkd_patient_loss`). Read literally, β 100 on the summed eq. (4) was ~100x the label term at
+the first steps of S3-384 (384 units, 2 layers; benchmarks/results/protocol-dev/pkd-loss-scale.json) and PKD
 lost to labels only on SST-2 8k (−1.7 ± 1.1 points) and STS-B (−0.7 ± 0.1); at the authors' scale it gains
 +0.5 ± 0.7 and +0.0 ± 0.1, and MRPC F1 +1.3 ± 0.6 (was +0.7 ± 0.3; benchmarks/results/protocol-dev, group 3g).
 """
