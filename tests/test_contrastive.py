@@ -267,10 +267,10 @@ def test_gradient_perturbation_changes_the_update_exactly_as_eq_7_8(tiny_pair):
 
 def test_gradient_perturbation_is_on_for_classes_and_off_for_regression_unless_asked():
     # ε = 1 cost LRC 14 points of Pearson on STS-B (benchmarks/results/glue-methods): the default leaves it out there
-    assert _method({"name": "lrc"}, task="sst2").perturbs
-    assert not _method({"name": "lrc"}, task="stsb").perturbs
-    assert _method({"name": "lrc", "perturbation": True}, task="stsb").perturbs
-    assert not _method({"name": "lrc", "perturbation": False}, task="sst2").perturbs
+    assert _method({"name": "lrc"}, task="sst2").params.perturbation
+    assert not _method({"name": "lrc"}, task="stsb").params.perturbation
+    assert _method({"name": "lrc", "perturbation": True}, task="stsb").params.perturbation
+    assert not _method({"name": "lrc", "perturbation": False}, task="sst2").params.perturbation
 
 
 # ---------------------------------------------------------------------------------------------- codir

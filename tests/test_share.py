@@ -38,6 +38,7 @@ def kd_run(tmp_path_factory, tiny_teacher):
 def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tiny_teacher):
     out, metrics = kd_run
     assert metrics == json.loads((out / "metrics.json").read_text())
+    assert metrics["resolved_defaults"] == {"hard_weight": 1.0}  # kd's label term on a labelled set
     for folder, scores in (("best", metrics["best_scores"]), ("final", metrics["final"])):
         # ignore_metadata_errors=False: the metadata (model-index included) must parse as Hub card data
         card = ModelCard.load(out / folder / "README.md", ignore_metadata_errors=False)
@@ -46,6 +47,7 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
         assert card.data.distillation["method"] == "kd" and "Hinton" in card.data.distillation["paper"]
         assert card.data.distillation["teacher"] == str(tiny_teacher)
         assert "```yaml" in card.text and "method:" in card.text  # the config that made it
+        assert "hard_weight: null" in card.text and "`hard_weight: 1.0`" in card.text  # and what the null became
     assert set(metrics["teacher_scores"]) == set(metrics["final"])  # the teacher scored on the same dev data
     speed = metrics["dev_throughput"]
     assert speed["student"] > 0 and speed["teacher"] > 0 and 0 < speed["examples"] <= 512

@@ -325,6 +325,9 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "seed": config.train.seed,
+        # what a null in the method's config became for this task (a method resolves such defaults when built)
+        "resolved_defaults": {k: v for k, v in run.method.params.model_dump(mode="json").items()
+                              if getattr(config.method, k) is None and v is not None},
     }
     best_eval = next((e for e in summary["evals"] if e["step"] == summary["best_step"]), {})
     metrics["best_scores"] = {k: v for k, v in best_eval.items() if k != "step"}  # every metric at best.step

@@ -54,11 +54,12 @@ class KD(Method):
         objective: Literal["kl", "logit_mse"] = "kl"
 
     def __init__(self, params, ctx):
+        if params.hard_weight is None:
+            params = params.model_copy(update={"hard_weight": float(ctx.labelled)})
         super().__init__(params, ctx)
-        self.hard_weight = params.hard_weight if params.hard_weight is not None else float(ctx.labelled)
 
     def uses_labels(self):
-        return self.hard_weight > 0
+        return self.params.hard_weight > 0
 
     def teacher_request(self):
         return FeatureRequest(logits=True)
@@ -69,5 +70,5 @@ class KD(Method):
             soft = losses.mse(student.logits, teacher.logits)
         else:
             soft = self.soft_label_loss(student.logits, teacher.logits, p.temperature, "scaled_kl")
-        hard = self.label_loss(student.logits, batch["labels"]) if self.hard_weight else None
-        return weighted({"soft": (p.soft_weight, soft), "hard": (self.hard_weight, hard)})
+        hard = self.label_loss(student.logits, batch["labels"]) if p.hard_weight else None
+        return weighted({"soft": (p.soft_weight, soft), "hard": (p.hard_weight, hard)})

@@ -94,9 +94,9 @@ class LRC(Method):
         return "compares layer outputs token by token (COS-NCE on the l × d matrix, eq. 3)"
 
     def __init__(self, params, ctx):
+        if params.perturbation is None:  # a corpus has no labels, yet no scores
+            params = params.model_copy(update={"perturbation": not (ctx.task.is_regression and not ctx.task.unlabeled)})
         super().__init__(params, ctx)
-        regression = ctx.task.is_regression and not ctx.task.unlabeled  # a corpus has no labels, yet no scores
-        self.perturbs = params.perturbation if params.perturbation is not None else not regression
         self.mapping = self.layer_map(params.layer_map)
         # W of eq. (3), one per distilled layer pair
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
@@ -130,7 +130,7 @@ class LRC(Method):
 
     def training_step(self, student_model, batch, teacher, progress):
         request = self._request(self.weights(progress))
-        if not self.perturbs:
+        if not self.params.perturbation:
             return self.loss_terms(batch, student_model.features(batch, request), teacher, progress)
         # ∇ w.r.t. the embedding output = ∇ w.r.t. a zero shift added to it
         shift = torch.zeros(*batch["input_ids"].shape, student_model.width, device=batch["input_ids"].device,

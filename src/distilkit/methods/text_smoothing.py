@@ -85,8 +85,9 @@ class TextSmoothing(Method):
         return "mixes the teacher's MLM distribution at each token into the student's inputs"
 
     def __init__(self, params, ctx):
+        if params.lam is None:
+            params = params.model_copy(update={"lam": 0.8 if ctx.task.is_regression else 0.5})
         super().__init__(params, ctx)
-        self.lam = params.lam if params.lam is not None else (0.8 if ctx.task.is_regression else 0.5)
         student = ctx.student
         teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
         if params.smoothing_teacher:
@@ -130,7 +131,7 @@ class TextSmoothing(Method):
     def training_step(self, student_model, batch, teacher, progress):
         table = to_device(self.table.lookup_token_features(self.table_name, ["ids", "probs"], batch),
                           batch["input_ids"].device)  # the cache serves CPU tensors
-        ids, weights = losses.smooth_inputs(batch["input_ids"], table["ids"].long(), table["probs"], self.lam,
+        ids, weights = losses.smooth_inputs(batch["input_ids"], table["ids"].long(), table["probs"], self.params.lam,
                                             one_hot_positions(batch, self.special_ids))
         embeds = soft_word_embeddings(ids, weights, student_model.word_embeddings().weight)
         return self.loss_terms(batch, student_model.features(batch, self.student_request(), inputs_embeds=embeds),

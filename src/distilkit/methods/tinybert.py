@@ -56,6 +56,8 @@ class TinyBERT(Method):
         return "matches embeddings, hidden states and attention scores token by token (eqs. 7-9)"
 
     def __init__(self, params, ctx):
+        if params.hard_weight is None:
+            params = params.model_copy(update={"hard_weight": float(ctx.labelled and ctx.task.is_regression)})
         super().__init__(params, ctx)
         self.mapping = self.layer_map(params.layer_map)
         s_width, t_width = ctx.student.width, ctx.teacher.width
@@ -64,11 +66,9 @@ class TinyBERT(Method):
                              f"{ctx.student.num_heads} heads, the teacher {ctx.teacher.config.num_attention_heads}")
         # W_e and W_h: one projection per distilled layer (index 0 = embeddings)
         self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(len(self.mapping) + 1))
-        self.hard_weight = (params.hard_weight if params.hard_weight is not None
-                            else float(ctx.labelled and ctx.task.is_regression))
 
     def uses_labels(self):
-        return self.hard_weight > 0
+        return self.params.hard_weight > 0
 
     def _intermediate(self, progress=None) -> bool:
         """Whether the intermediate terms count (at this step, or at any step when progress is None)."""
@@ -123,6 +123,6 @@ class TinyBERT(Method):
         if self._prediction(progress):
             terms["prediction"] = (p.prediction_weight, self.soft_label_loss(student.logits, teacher.logits,
                                                                              p.temperature, "cross_entropy"))
-            terms["hard"] = (self.hard_weight, self.label_loss(student.logits, batch["labels"])
-                             if self.hard_weight else None)
+            terms["hard"] = (p.hard_weight, self.label_loss(student.logits, batch["labels"])
+                             if p.hard_weight else None)
         return weighted(terms)
