@@ -273,6 +273,15 @@ def test_gradient_perturbation_is_on_for_classes_and_off_for_regression_unless_a
     assert not _method({"name": "lrc", "perturbation": False}, task="sst2").params.perturbation
 
 
+def test_lrc_first_stage_takes_80_percent_on_classes_and_a_fifth_on_a_score_unless_asked():
+    # STS-B, 3 seeds: 80 % lost 0.8 ± 0.2 Pearson points to labels only, a fifth tied (protocol-dev group 3i)
+    on_classes, on_a_score = _method({"name": "lrc"}, task="sst2"), _method({"name": "lrc"}, task="stsb")
+    assert (on_classes.params.first_stage_fraction, on_a_score.params.first_stage_fraction) == (0.8, 0.2)
+    p = on_a_score.params  # 10 steps: steps 0-1 COS-NCE alone, then 1:1:3
+    assert (on_a_score.weights(Progress(1, 10)), on_a_score.weights(Progress(2, 10))) == (p.first_stage, p.second_stage)
+    assert _method({"name": "lrc", "first_stage_fraction": 0.8}, task="stsb").params.first_stage_fraction == 0.8
+
+
 # ---------------------------------------------------------------------------------------------- codir
 
 
