@@ -33,8 +33,9 @@ general/. `perturbation: true` (the presets) forces the paper's setting on any t
 So does the stage split: on a score the first stage (COS-NCE alone) gets a fifth of the steps, not 80 %. On
 STS-B (S3-384 from teacher layers, 5 epochs, 3 seeds paired with labels only) 80 % lost 0.8 ± 0.2 Pearson points
 and a fifth tied (+0.1 ± 0.3): the score head, which only the second stage trains, needs the steps (labels only
-gained 1.6 points from 3 to 5 epochs there). On classes the paper's 80 % did better (MRPC F1 +2.5 ± 0.7 against
-+1.3 for a fifth). Records: benchmarks/results/protocol-dev/ (group 3i). `first_stage_fraction: 0.8` forces it.
+gained 1.6 points from 3 to 5 epochs there). On classes the paper's 80 % did better on MRPC (F1 −1.1 ± 0.3 and
+accuracy −1.9 ± 0.4 for a fifth, lower at every seed) and tied on SST-2 8k (+0.5 ± 0.7 for a fifth). Records:
+benchmarks/results/protocol-dev/ (group 3i). `first_stage_fraction: 0.8` forces the paper's on any task.
 """
 
 from typing import Literal
