@@ -64,6 +64,8 @@ def _comparable(config: dict, run_dir: str, plan_dir: str) -> dict:
     config = json.loads(text)
     for section, field in MACHINE_FIELDS:
         config.get(section, {}).pop(field, None)
+    if config.get("train", {}).get("max_steps"):  # the run's length; train.epochs is then never read
+        config["train"].pop("epochs", None)
     return config
 
 
