@@ -70,6 +70,18 @@ def test_a_saved_config_without_a_field_added_since_is_the_same_run_and_a_change
     assert not same_config("train: [", resolved)
 
 
+def test_epochs_do_not_tell_runs_apart_when_max_steps_sets_the_length():
+    # a finished pre-training stage (max_steps 1000) saved epochs 3.0, the default before it became 5: not redone
+    resolved = dump_config(load_config(overrides=["task.name=sst2", "teacher.model=t", "train.max_steps=1000"]))
+    older = yaml.safe_load(resolved)
+    older["train"]["epochs"] = 3.0
+    assert same_config(yaml.safe_dump(older, sort_keys=False), resolved)
+    older["train"]["max_steps"] = None  # now the epochs decide the length
+    newer = yaml.safe_load(resolved)
+    newer["train"]["max_steps"] = None
+    assert not same_config(yaml.safe_dump(older, sort_keys=False), yaml.safe_dump(newer, sort_keys=False))
+
+
 def test_unknown_task_is_refused():
     with pytest.raises(ConfigError, match="unknown GLUE task"):
         load_config(None, ["task.name=sst3"])

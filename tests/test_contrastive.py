@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -280,6 +281,15 @@ def test_lrc_first_stage_takes_80_percent_on_classes_and_a_fifth_on_a_score_unle
     p = on_a_score.params  # 10 steps: steps 0-1 COS-NCE alone, then 1:1:3
     assert (on_a_score.weights(Progress(1, 10)), on_a_score.weights(Progress(2, 10))) == (p.first_stage, p.second_stage)
     assert _method({"name": "lrc", "first_stage_fraction": 0.8}, task="stsb").params.first_stage_fraction == 0.8
+
+
+def test_lrc_on_a_corpus_defaults_to_its_pre_training_stage():
+    # the second stage fits logits and labels a corpus does not have: COS-NCE alone throughout (LRC-BERT's stage 1)
+    from distilkit.data.tasks import UNLABELED
+
+    method = get_method("lrc")(method_params({"name": "lrc"}), replace(_ctx(), task=UNLABELED))
+    assert method.params.first_stage_fraction == 1.0 and method.params.perturbation
+    assert method.teacher_request() == FeatureRequest(hidden=frozenset({2, 4}), logits=False)
 
 
 # ---------------------------------------------------------------------------------------------- codir

@@ -137,7 +137,7 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
                   config_text.rstrip(), "```"]
         if metrics.get("resolved_defaults"):
             lines += ["", "Method defaults left null above, as this task resolved them: "
-                      + ", ".join(f"`{k}: {v}`" for k, v in metrics["resolved_defaults"].items()) + "."]
+                      + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in metrics["resolved_defaults"].items()) + "."]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 

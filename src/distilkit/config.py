@@ -465,6 +465,15 @@ def dump_config(config: ExperimentConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def what_runs(config: ExperimentConfig) -> dict:
+    """The config's fields that decide what a run does: train.epochs is never read when train.max_steps sets the
+    length (so a changed epochs default does not redo a finished max_steps run)."""
+    data = config.model_dump(mode="json")
+    if data["train"]["max_steps"]:
+        del data["train"]["epochs"]
+    return data
+
+
 def same_config(saved: str, resolved: str) -> bool:
     """Whether a run's saved config.yaml asks for the run `resolved` (a dump_config text) asks for.
 
@@ -475,6 +484,6 @@ def same_config(saved: str, resolved: str) -> bool:
     if saved == resolved:
         return True
     try:
-        return dump_config(build_config(yaml.safe_load(saved) or {})) == resolved
+        return what_runs(build_config(yaml.safe_load(saved) or {})) == what_runs(build_config(yaml.safe_load(resolved)))
     except (ConfigError, yaml.YAMLError):
         return False

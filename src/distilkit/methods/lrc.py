@@ -89,7 +89,7 @@ class LRC(Method):
         name: Literal["lrc"] = "lrc"
         layer_map: list[int] | None = None  # teacher layer φ(i) (1-based) for each student layer
         intermediate_loss: Literal["cos_nce", "mse"] = "cos_nce"  # mse: the paper's BERT_M ablation
-        # None: 0.8 (the paper's) on classes, 0.2 on a score; 0: one stage (LRC-BERT₂); 1: pre-training
+        # None: 0.8 (the paper's) on classes, 0.2 on a score, 1 on a corpus; 0: one stage (LRC-BERT₂); 1: pre-training
         first_stage_fraction: float | None = Field(None, ge=0, le=1)
         first_stage: StageWeights = Field(default_factory=lambda: StageWeights(alpha=1, beta=0, gamma=0))
         second_stage: StageWeights = Field(default_factory=lambda: StageWeights(alpha=1, beta=1, gamma=3))
@@ -105,8 +105,9 @@ class LRC(Method):
         score = ctx.task.is_regression and not ctx.task.unlabeled  # a corpus has no labels, yet no scores
         if params.perturbation is None:
             params = params.model_copy(update={"perturbation": not score})
-        if params.first_stage_fraction is None:
-            params = params.model_copy(update={"first_stage_fraction": 0.2 if score else 0.8})
+        if params.first_stage_fraction is None:  # a corpus has nothing for the second stage to fit: COS-NCE alone
+            fraction = 1.0 if ctx.task.unlabeled else 0.2 if score else 0.8
+            params = params.model_copy(update={"first_stage_fraction": fraction})
         super().__init__(params, ctx)
         self.mapping = self.layer_map(params.layer_map)
         # W of eq. (3), one per distilled layer pair
