@@ -122,6 +122,8 @@ def test_tinybert_projects_when_widths_differ_and_checks_heads():
     with pytest.raises(ValueError, match="heads"):
         _method({"name": "tinybert"}, heads=3, teacher_heads=2)
     assert _method({"name": "tinybert", "attention_weight": 0}, heads=3, teacher_heads=2).mapping == [2, 4]
+    assert _method({"name": "tinybert"}).params.layer_map == [2, 4]  # the uniform map, reported as resolved
+    assert _method({"name": "lrc"}).params.layer_map == [2, 4]
 
 
 def test_explicit_layer_map_is_validated():

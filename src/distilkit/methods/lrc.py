@@ -110,6 +110,7 @@ class LRC(Method):
             params = params.model_copy(update={"first_stage_fraction": fraction})
         super().__init__(params, ctx)
         self.mapping = self.layer_map(params.layer_map)
+        self.params = self.params.model_copy(update={"layer_map": self.mapping})  # so metrics.json says which
         # W of eq. (3), one per distilled layer pair
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
 
