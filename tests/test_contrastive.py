@@ -370,8 +370,10 @@ def test_codir_negatives_default_to_other_labels_on_classes_and_to_the_batch_els
     assert _codir(objective="pretrain", kd_weight=0.0).negative_sampling == "batch"  # stand-ins have no MLM head
     assert _method({"name": "codir"}, task="stsb", train_labels=torch.tensor([0.5, 1.0])).negative_sampling == "batch"
     assert _codir(negative_sampling="bank").negative_sampling == "bank"
-    resolved = _codir().params  # what metrics.json's resolved_defaults reports
-    assert (resolved.negative_sampling, resolved.bank_size) == ("other_label", _codir().memory.shape[0])
+    codir = _codir()
+    resolved = codir.params  # what metrics.json's resolved_defaults reports
+    assert (resolved.negative_sampling, resolved.bank_size) == ("other_label", codir.ctx.train_size)
+    assert resolved.teacher_layers == list(range(1, codir.ctx.teacher.num_layers + 1))
 
 
 def test_codir_mean_pooling_averages_real_tokens_and_cls_takes_the_first():

@@ -272,10 +272,10 @@ class TrainConfig(StrictModel):
     max_steps: int | None = Field(None, ge=1)  # overrides epochs when set
     batch_size: int = Field(32, ge=1)
     # 1e-4, not BERT-base's usual 5e-5: for the small models distilkit fine-tunes and distils it did better on a score
-    # and tied on classes (protocol-dev, 3 seeds each, paired): S3-384 students on STS-B +2.9 ± 0.5 Pearson points
-    # (labels only) and +3.1 ± 0.4 (kd), MRPC F1 ±0.3, SST-2 8k −0.5 ± 0.2; the T6 teacher (6 × 384) on STS-B +1.3 ±
-    # 0.4, MRPC F1 +0.8 ± 1.5, SST-2 8k +0.3 ± 0.6 (benchmarks/results/protocol-dev, groups 1f and 2b). A base-size
-    # model (12 × 768) usually wants 2e-5 to 5e-5: set it there
+    # and tied or trailed slightly on classes (protocol-dev groups 1f and 2b, 3 seeds each, 1e-4 minus 5e-5 in points):
+    # S3-384 students (labels only / kd) STS-B +2.9 ± 0.4 / +3.1 ± 0.4, MRPC F1 −0.1 ± 0.5 / +0.3 ± 0.7, SST-2 8k
+    # −0.5 ± 0.2 / −0.5 ± 0.5; the T6 teacher (6 × 384) STS-B +1.3 ± 0.4, MRPC F1 +0.8 ± 1.5, SST-2 8k +0.3 ± 0.6.
+    # A base-size model (12 × 768) usually wants 2e-5 to 5e-5: set it there
     learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)

@@ -180,7 +180,7 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark", 
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {title}", ""]
     if not records:
-        lines.append("No finished runs yet.")
+        lines.append("No timed runs yet: a speed plan times its students once they have trained.")
         (out_dir / "report.md").write_text("\n".join(lines) + "\n")
         return out_dir / "report.md"
     settings = records[0]["speed"]["settings"]

@@ -98,7 +98,8 @@ class CoDIR(Method):
         if self.negative_sampling == "bank" and rows < 2:
             raise ValueError("negative_sampling=bank needs a bank of at least 2 rows")
         self.register_buffer("memory", torch.rand(rows, params.dim) * 2 * bound - bound)
-        self.params = self.params.model_copy(update={"bank_size": rows, "negative_sampling": self.negative_sampling})
+        self.params = self.params.model_copy(update={"bank_size": rows, "negative_sampling": self.negative_sampling,
+                                                     "teacher_layers": self.teacher_layers})
         self.other_label_pools: list[torch.Tensor] = []
         if self.negative_sampling == "other_label":
             self.other_label_pools = self._other_label_pools()
