@@ -132,14 +132,16 @@ class Method(nn.Module):
         shares = [rows[rank * per: rank * per + size] for rank, size in enumerate(sizes)]
         return torch.cat(shares), sum(sizes[:accelerator.process_index])
 
-    def layer_map(self, explicit: list[int] | None) -> list[int]:
-        """Teacher layer (1-based) for each student layer 1..M: explicit, or uniform every k-th."""
+    def layer_map(self) -> list[int]:
+        """Teacher layer (1-based) for each student layer 1..M: params.layer_map, or uniform every k-th. Written
+        back into params, so that metrics.json's resolved_defaults says which."""
         n_student, n_teacher = self.ctx.student.num_layers, self.ctx.teacher.num_layers
-        mapping = explicit or uniform_layer_map(n_student, n_teacher)
+        mapping = list(self.params.layer_map or uniform_layer_map(n_student, n_teacher))
         if len(mapping) != n_student or not all(1 <= t <= n_teacher for t in mapping):
             raise ValueError(f"layer_map {mapping} must give one teacher layer in 1..{n_teacher} for each of the "
                              f"{n_student} student layers")
-        return list(mapping)
+        self.params = self.params.model_copy(update={"layer_map": mapping})
+        return mapping
 
 
 def projection(student_width: int, teacher_width: int) -> nn.Module:

@@ -109,8 +109,7 @@ class LRC(Method):
             fraction = 1.0 if ctx.task.unlabeled else 0.2 if score else 0.8
             params = params.model_copy(update={"first_stage_fraction": fraction})
         super().__init__(params, ctx)
-        self.mapping = self.layer_map(params.layer_map)
-        self.params = self.params.model_copy(update={"layer_map": self.mapping})  # so metrics.json says which
+        self.mapping = self.layer_map()
         # W of eq. (3), one per distilled layer pair
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
 

@@ -59,8 +59,7 @@ class TinyBERT(Method):
         if params.hard_weight is None:
             params = params.model_copy(update={"hard_weight": float(ctx.labelled and ctx.task.is_regression)})
         super().__init__(params, ctx)
-        self.mapping = self.layer_map(params.layer_map)
-        self.params = self.params.model_copy(update={"layer_map": self.mapping})  # so metrics.json says which
+        self.mapping = self.layer_map()
         s_width, t_width = ctx.student.width, ctx.teacher.width
         if params.attention_weight and ctx.student.num_heads != ctx.teacher.config.num_attention_heads:
             raise ValueError(f"attention distillation compares heads one to one: the student has "
