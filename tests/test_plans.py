@@ -9,6 +9,7 @@ import yaml
 from distilkit.config import ConfigError
 from distilkit.demo import run_demo
 from distilkit.plans import Plans, load_plan
+from distilkit.run import RunError
 from test_corpus import write_corpus
 from test_training import cli
 
@@ -144,6 +145,14 @@ def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_bas
     Plans(load_plan(path)).run()
     assert launched == ["task-kd", "task-finetune"]
     assert (tmp_path / "plan" / "general" / "metrics.json").stat().st_mtime_ns == finished_at
+
+
+def test_a_cell_killed_by_the_kernel_is_reported_as_likely_out_of_memory(tmp_path, tiny_base_model, tiny_teacher,
+                                                                         glue_dir, launched, monkeypatch):
+    monkeypatch.setattr(Plans, "launch", lambda self, config_path: -9)  # what subprocess reports for SIGKILL
+    with pytest.raises(RunError, match=r"cell general failed \(killed by SIGKILL, most often the system running "
+                                       r"out of memory: .*lower train.batch_size\); rerun `distilkit distill"):
+        Plans(load_plan(write(tmp_path, tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)))).run()
 
 
 def test_the_demo_plan_end_to_end_on_tiny_data(tmp_path, tiny_base_model, glue_dir, launched):

@@ -30,6 +30,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,17 @@ class Plan(StrictModel):
     steps: list[Step] = Field(default_factory=list)
     speed: SpeedSettings | None = None  # measure students beside their teachers in deployment formats
     report: ReportSettings | None = None
+
+
+def exit_reason(code: int) -> str:
+    """A child's exit status in words: a kill by SIGKILL is most often the kernel's out-of-memory killer, which
+    leaves no traceback to read."""
+    if code == -signal.SIGKILL:
+        return ("killed by SIGKILL, most often the system running out of memory: run fewer jobs at once, "
+                "or lower train.batch_size")
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit {code}"
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -308,7 +320,7 @@ class Plans:
         print(f"[plan] {cell.name}: distilkit distill {path}", file=sys.stderr, flush=True)
         code = self.launch(path)
         if code != 0 or not metrics.is_file():
-            raise RunError(f"cell {cell.name} failed (exit {code}); rerun `distilkit distill {path}` "
+            raise RunError(f"cell {cell.name} failed ({exit_reason(code)}); rerun `distilkit distill {path}` "
                            "to see why, then rerun the plan: finished cells are kept")
         return json.loads(metrics.read_text())
 
@@ -348,7 +360,7 @@ class Plans:
             print(f"[plan] step {step.name}: {command}", file=sys.stderr, flush=True)
             result = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
             if result.returncode != 0:
-                raise RunError(f"step {step.name} failed (exit {result.returncode}): {command}")
+                raise RunError(f"step {step.name} failed ({exit_reason(result.returncode)}): {command}")
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text(result.stdout)
         return json.loads(file.read_text())
