@@ -318,3 +318,4 @@ def test_text_smoothing_lambda_follows_the_head_unless_set(tmp_path, glue_dir, t
     built = build_run(_config(glue_dir, tmp_path / "x", tiny_base_model, task={"name": task},
                               student={"layers": 2, "layer_selection": "first"}, method=method))
     assert built.method.params.lam == expected
+    assert built.method.params.smoothing_teacher == str(tiny_base_model)  # unset: teacher.model, and says so

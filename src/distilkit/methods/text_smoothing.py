@@ -89,10 +89,12 @@ class TextSmoothing(Method):
     def __init__(self, params, ctx):
         if params.lam is None:
             params = params.model_copy(update={"lam": 0.8 if ctx.task.is_regression or ctx.task.answer_spans else 0.5})
+        if params.smoothing_teacher is None:  # written back, so that resolved_defaults names the model used
+            params = params.model_copy(update={"smoothing_teacher": ctx.teacher.name})
         super().__init__(params, ctx)
         student = ctx.student
         teacher = ctx.teacher  # the smoothing teacher, needed only until its top-k table is stored
-        if params.smoothing_teacher:
+        if params.smoothing_teacher != ctx.teacher.name:
             teacher = Teacher(params.smoothing_teacher, mixed_precision=ctx.teacher.mixed_precision,
                               device=next(ctx.teacher.model.parameters()).device)  # the run's GPU, if any
             # its top-k word ids replace the run's token ids: one size is not enough, the same words are needed
