@@ -91,9 +91,23 @@ def test_damaged_teacher_cache_entry_is_recomputed_not_trusted(tmp_path, glue_di
     fresh = TeacherCache(run.teacher_cache.dir.parents[2], run.teacher, run.train_data)
     passes = fresh.ensure(request)
     assert passes > 0, "a damaged entry was used instead of recomputed"
-    assert f"teacher cache: {path}" in capsys.readouterr().out  # the log line names the file
+    assert f"teacher cache: {path}" in capsys.readouterr().err  # the log line names the file
     assert np.array_equal(np.asarray(fresh.stored("logits")), pristine)
     assert fresh.ensure(request) == 0  # and the recomputed entry is trusted again
+
+
+def test_the_disk_a_cache_fill_needs_is_known_before_it_starts(tmp_path, glue_dir, tiny_teacher):
+    """What check_disk_space compares with the free disk: the arrays' bytes, hidden states and attention included."""
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out")
+    config["method"] = {"name": "tinybert"}
+    run = build_run(build_config(config))
+    request = run.teacher_source.request
+    assert request.hidden and request.attention
+    needed = run.teacher_cache.bytes_needed(request)
+    run.teacher_cache.ensure(request)
+    stored = [np.load(path, mmap_mode="r") for path in run.teacher_cache.dir.glob("*.npy")]
+    assert needed == sum(array.nbytes for array in stored) > 0
+    assert run.teacher_cache.bytes_needed(request) == 0  # nothing left to fill
 
 
 def test_kill_9_while_the_teacher_cache_is_written_then_rerun_is_bit_identical(tmp_path, glue_dir, tiny_teacher):
@@ -310,7 +324,7 @@ def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, gl
     with open(damaged, "r+b") as f:
         f.truncate(damaged.stat().st_size - 100)
     run_experiment(build_config(config))
-    assert str(damaged) in capsys.readouterr().out
+    assert str(damaged) in capsys.readouterr().err
     assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))
 
 

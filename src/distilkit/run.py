@@ -37,7 +37,7 @@ from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.hub import cache_root
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
-from distilkit.train.cache import TeacherCache, TeacherSource
+from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
 from distilkit.train.distiller import Distiller, make_accelerator
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
@@ -225,6 +225,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     fixed_inputs = isinstance(train_data, TokenizedDataset)
     if teachers and config.teacher.cache and fixed_inputs and not request.is_empty():
         caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, train_data.teacher_reads) for t in teachers]
+        check_disk_space(caches, request)
     source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
                     scratch)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -40,6 +42,7 @@ from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, t
 from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
 from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
+from distilkit.train.outdir import RunError
 
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
 
@@ -146,7 +149,7 @@ class TeacherCache:
         problem = _describe_problem(path, rows, len(self.dataset))
         if problem is None:
             return True
-        print(f"teacher cache: {path} {problem}; recomputing it")
+        print(f"teacher cache: {path} {problem}; recomputing it", file=sys.stderr)
         self._arrays.pop(key, None)
         path.unlink(missing_ok=True)
         path.with_suffix(".json").unlink(missing_ok=True)
@@ -177,18 +180,27 @@ class TeacherCache:
                 "features": sorted(p.stem for p in self.dir.glob("*.npy") if ".tmp" not in p.name)}, indent=1))
             return self.teacher.forward_passes - passes_before
 
+    def _shape(self, key: str) -> tuple[tuple[int, ...], type]:
+        if key.startswith("hidden_"):
+            return (self._rows(key), self.teacher.width), np.float16
+        if key.startswith("attention_"):
+            return (self._rows(key),), np.float16
+        if self.span_logits:
+            return (self._rows(key), 2), np.float32
+        return (len(self.dataset), self.teacher.config.num_labels), np.float32
+
+    def bytes_needed(self, request: FeatureRequest) -> int:
+        """Disk that filling the missing entries of `request` takes."""
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+                   for shape, dtype in map(self._shape, self.missing(request)))
+
     def _compute(self, missing: list[str], request: FeatureRequest, batch_size: int) -> None:
-        width, n = self.teacher.width, len(self.dataset)
-        shapes = {}
-        for key in missing:
-            if key.startswith("hidden_"):
-                shapes[key] = ((self._rows(key), width), np.float16)
-            elif key.startswith("attention_"):
-                shapes[key] = ((self._rows(key),), np.float16)
-            elif self.span_logits:
-                shapes[key] = ((self._rows(key), 2), np.float32)
-            else:
-                shapes[key] = ((n, self.teacher.config.num_labels), np.float32)
+        n = len(self.dataset)
+        shapes = {key: self._shape(key) for key in missing}
+        size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+        if size >= 1e8:  # a fill long enough, and a disk share large enough, to be worth a line
+            print(f"teacher cache: computing {', '.join(missing)} of {self.teacher.name} for {n} examples "
+                  f"({_size(size)}) in {self.dir}", file=sys.stderr)
         temporary = {key: self.dir / f"{key}.{os.getpid()}.tmp.npy" for key in missing}
         arrays = {key: np.lib.format.open_memmap(temporary[key], mode="w+", dtype=dtype, shape=shape)
                   for key, (shape, dtype) in shapes.items()}
@@ -305,6 +317,29 @@ class TeacherCache:
         elif request.logits:
             features.logits = torch.from_numpy(np.asarray(self._array("logits")[ids], dtype=np.float32))
         return features
+
+
+def _size(n_bytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} bytes"
+
+
+def check_disk_space(caches: list[TeacherCache], request: FeatureRequest, spare: int = 1 << 30) -> None:
+    """Refuses, before any teacher pass, a cache fill the disk cannot hold: hidden states and attention scores
+    of a large training set run to hundreds of GB (a run that fills the disk fails hours in)."""
+    needed = sum(cache.bytes_needed(request) for cache in caches)
+    if not needed:
+        return
+    folder = caches[0].dir
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed + spare > free:
+        raise RunError(f"the teacher cache needs {_size(needed)} for this run's teacher outputs, but {folder} "
+                       f"has {_size(free)} free: set teacher.cache=false to run the teacher at every step "
+                       "instead (no disk, slower), or point teacher.cache_dir ($DISTILKIT_CACHE) at a larger disk")
 
 
 class TeacherSource:

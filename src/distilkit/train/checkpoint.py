@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -107,7 +108,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
         problem = checkpoint_problem(path)
         if problem is None:
             if problems:
-                print(f"warning: {'; '.join(problems)}; resuming from {path} instead")
+                print(f"warning: {'; '.join(problems)}; resuming from {path} instead", file=sys.stderr)
             return path
         problems.append(problem)
     if problems:

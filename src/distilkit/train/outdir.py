@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -100,7 +101,7 @@ class OutputDir:
             self._release()
             aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             shutil.move(str(out), str(aside))
-            print(f"note: moved the earlier run to {aside}")
+            print(f"note: moved the earlier run to {aside}", file=sys.stderr)
             out.mkdir(parents=True)
             self._acquire()
         self._started = True
