@@ -110,20 +110,26 @@ def test_the_disk_a_cache_fill_needs_is_known_before_it_starts(tmp_path, glue_di
     assert run.teacher_cache.bytes_needed(request) == 0  # nothing left to fill
 
 
-def test_kill_9_while_the_teacher_cache_is_written_then_rerun_is_bit_identical(tmp_path, glue_dir, tiny_teacher):
+def test_kill_9_while_the_teacher_cache_is_written_then_rerun_resumes_it_bit_identical(tmp_path, glue_dir,
+                                                                                        tiny_teacher):
+    """A fill killed mid-way (a preempted machine) resumes at the batch its progress file names: the rerun makes
+    only the passes still missing, and trains to the same weights as a run on a cache filled in one go."""
     config = tiny_config(glue_dir, tiny_teacher, tmp_path / "killed",
                          method={"name": "tinybert", "schedule": "joint"})
+    config["eval"] = {"batch_size": 16}  # the fill's batch size: a resumed fill must batch as the killed one
     cache_dir = tmp_path / "cache-killed"
     config["teacher"]["cache_dir"] = str(cache_dir)
     ready = tmp_path / "ready"
     script = f"""
 import json, sys, time
+import distilkit.train.cache
 from distilkit.config import build_config
 from distilkit.run import build_run
+distilkit.train.cache.FILL_PROGRESS_SECONDS = 0  # progress after every batch
 run = build_run(build_config(json.loads(sys.argv[1])))
 real = run.teacher.features
 def slow(batch, request, **kw):
-    if run.teacher.forward_passes == 2:  # some rows of the memmaps are written: die in the middle
+    if run.teacher.forward_passes == 2:  # two batches are stored: die in the middle of the third
         open({str(ready)!r}, "w").close()
         time.sleep(600)
     return real(batch, request, **kw)
@@ -143,15 +149,37 @@ run.teacher_cache.ensure(run.teacher_source.request, 16)
         if child.poll() is None:
             child.kill()
     entry = next(cache_dir.glob("teacher-outputs/*/*"))
-    assert list(entry.glob("*.tmp.npy")), "the kill should have left temporary files behind"
+    assert list(entry.glob("*.fill.npy")), "the kill should have left the fill behind"
+    assert json.loads((entry / "fill.json").read_text())["batches"] == 2
 
-    killed = run_experiment(build_config(config))
-    assert killed["teacher_forward_passes"] > 0
-    assert not list(entry.glob("*.tmp*")), "the killed writer's temporary files are removed"
+    resumed = run_experiment(build_config(config))
+    assert not list(entry.glob("*.fill.npy")) and not (entry / "fill.json").exists(), "the fill is finished"
     clean = dict(config, output={"dir": str(tmp_path / "clean")}, teacher={**config["teacher"],
                                                                             "cache_dir": str(tmp_path / "cache-clean")})
-    run_experiment(build_config(clean))
+    whole = run_experiment(build_config(clean))
+    assert resumed["teacher_forward_passes"] == whole["teacher_forward_passes"] - 2  # the stored batches kept
     assert same_weights(final_weights(tmp_path / "killed"), final_weights(tmp_path / "clean"))
+
+
+def test_an_interrupted_fill_asked_for_with_other_batches_starts_afresh(tmp_path, glue_dir, tiny_teacher,
+                                                                       monkeypatch):
+    monkeypatch.setattr(cache_module, "FILL_PROGRESS_SECONDS", 0)
+    run = build_run(build_config(tiny_config(glue_dir, tiny_teacher, tmp_path / "out")))
+    request, cache = run.teacher_source.request, run.teacher_cache
+    real = run.teacher.features
+
+    def stop_at_third(batch, request, **kw):
+        if run.teacher.forward_passes == 2:
+            raise KeyboardInterrupt
+        return real(batch, request, **kw)
+    monkeypatch.setattr(run.teacher, "features", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        cache.ensure(request, 4)
+    monkeypatch.setattr(run.teacher, "features", real)
+    batches = len(cache_module.LengthBucketBatchSampler(run.train_data.teacher_reads.lengths, 8, seed=0,
+                                                        shuffle=False))
+    assert cache.ensure(request, 8) == batches  # every batch again: batches of 4 are not batches of 8
+    assert not (cache.dir / "fill.json").exists()
 
 
 def test_cache_filled_by_other_methods_gives_the_same_run_as_an_empty_cache(tmp_path, glue_dir, tiny_teacher):

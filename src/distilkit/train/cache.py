@@ -8,7 +8,9 @@ Hidden states and attention scores are stored as float16 (their range is far ins
 rounding, about 1e-3 relative, is below what distillation can notice); logits as float32. A span
 (QA) teacher's logits are per token, so they are stored per window like hidden states: (tokens, 2).
 Files are written under a temporary name and renamed when complete: a crash never leaves a
-partial file that looks valid.
+partial file that looks valid. A fill records every 30 s how many of its (fixed, length-sorted) batches are
+on disk, so a killed fill (a preempted GPU box, Ctrl-C hours into a large set) resumes at that batch when the
+same entries are asked for with the same batch size; anything else starts it afresh.
 
 Each entry `<key>.npy` has a `<key>.json` beside it (shape, dtype, rows, examples, CRC-32 of the
 data) written after the array is complete. Before a run uses an entry, its header and file size are
@@ -44,6 +46,9 @@ from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
 from distilkit.train.outdir import RunError
 
+FILL_SUFFIX = ".fill.npy"  # an entry being filled; with FILL_PROGRESS, resumed where a killed fill stopped
+FILL_PROGRESS = "fill.json"  # the batches of the fill stored so far, written after the arrays are flushed
+FILL_PROGRESS_SECONDS = 30.0
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
 
 
@@ -177,7 +182,8 @@ class TeacherCache:
             self.compute_seconds += time.perf_counter() - start
             (self.dir / "meta.json").write_text(json.dumps({
                 "teacher": self.teacher.name, "examples": len(self.dataset),
-                "features": sorted(p.stem for p in self.dir.glob("*.npy") if ".tmp" not in p.name)}, indent=1))
+                "features": sorted(p.stem for p in self.dir.glob("*.npy")
+                                   if ".tmp" not in p.name and not p.name.endswith(FILL_SUFFIX))}, indent=1))
             return self.teacher.forward_passes - passes_before
 
     def _shape(self, key: str) -> tuple[tuple[int, ...], type]:
@@ -201,11 +207,27 @@ class TeacherCache:
         if size >= 1e8:  # a fill long enough, and a disk share large enough, to be worth a line
             print(f"teacher cache: computing {', '.join(missing)} of {self.teacher.name} for {n} examples "
                   f"({_size(size)}) in {self.dir}", file=sys.stderr)
-        temporary = {key: self.dir / f"{key}.{os.getpid()}.tmp.npy" for key in missing}
-        arrays = {key: np.lib.format.open_memmap(temporary[key], mode="w+", dtype=dtype, shape=shape)
-                  for key, (shape, dtype) in shapes.items()}
+        partial = {key: self.dir / f"{key}{FILL_SUFFIX}" for key in missing}
+        fill = {"keys": missing, "hidden": sorted(request.hidden), "attention": sorted(request.attention),
+                "logits": request.logits, "batch_size": batch_size, "examples": n}
+        progress = self.dir / FILL_PROGRESS
+        done = 0  # batches already stored by an interrupted fill of the same entries, same passes, same batches
+        if progress.is_file() and all(path.is_file() for path in partial.values()):
+            saved = json.loads(progress.read_text())
+            done = saved["batches"] if saved["fill"] == fill else 0
+        if done:
+            print(f"teacher cache: resuming an interrupted fill of {', '.join(missing)} at batch {done}",
+                  file=sys.stderr)
+            arrays = {key: np.load(partial[key], mmap_mode="r+", allow_pickle=False) for key in missing}
+        else:
+            self._remove_fill()
+            arrays = {key: np.lib.format.open_memmap(partial[key], mode="w+", dtype=dtype, shape=shape)
+                      for key, (shape, dtype) in shapes.items()}
+        saved_at = time.monotonic()
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
-        for indices in sampler:
+        for number, indices in enumerate(sampler):
+            if number < done:
+                continue
             batch = self.dataset.collate([self.dataset[i] for i in indices])
             features = to_device(self.teacher.features(batch, request), torch.device("cpu"))
             for row, index in enumerate(indices):
@@ -224,8 +246,22 @@ class TeacherCache:
                         arrays[key][start_at: start_at + length] = features.logits[row, :, :length].T.numpy()
                     else:
                         arrays[key][index] = features.logits[row].numpy()
+            if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:  # flushed first: what it counts is on disk
+                for array in arrays.values():
+                    array.flush()
+                written = progress.with_name(f"{FILL_PROGRESS}.{os.getpid()}.tmp")
+                written.write_text(json.dumps({"fill": fill, "batches": number + 1}))
+                os.replace(written, progress)
+                saved_at = time.monotonic()
         for key in missing:
-            _finish(temporary[key], self._path(key), arrays.pop(key), n)
+            _finish(partial[key], self._path(key), arrays.pop(key), n)
+        progress.unlink(missing_ok=True)
+
+    def _remove_fill(self) -> None:
+        """An interrupted fill that cannot be resumed (other entries, passes or batches)."""
+        (self.dir / FILL_PROGRESS).unlink(missing_ok=True)
+        for leftover in self.dir.glob(f"*{FILL_SUFFIX}"):
+            leftover.unlink()
 
     def ensure_token_features(self, name: str, request: FeatureRequest,
                               derive: Callable[[dict, Features], dict[str, torch.Tensor]], batch_size: int = 16) -> None:
