@@ -147,6 +147,12 @@ def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_bas
     assert (tmp_path / "plan" / "general" / "metrics.json").stat().st_mtime_ns == finished_at
 
 
+def test_cells_asked_for_run_in_the_order_asked(tmp_path, tiny_base_model, tiny_teacher, glue_dir, launched):
+    path = write(tmp_path, tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir))
+    Plans(load_plan(path)).run(only=["task-finetune", "task-kd"])  # the plan lists kd first
+    assert launched == ["general", "task-finetune", "task-kd"]  # what they start from comes first
+
+
 def test_a_cell_killed_by_the_kernel_is_reported_as_likely_out_of_memory(tmp_path, tiny_base_model, tiny_teacher,
                                                                          glue_dir, launched, monkeypatch):
     monkeypatch.setattr(Plans, "launch", lambda self, config_path: -9)  # what subprocess reports for SIGKILL

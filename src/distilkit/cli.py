@@ -351,7 +351,7 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
 
 @app.command()
 def bench(plan: Annotated[str, typer.Argument(help="a plan by name (benchmarks/plans/, presets/plans/) or a YAML path")],
-          cell: Annotated[list[str] | None, typer.Option(help="run only these cells (and the cells they use)")] = None,
+          cell: Annotated[list[str] | None, typer.Option(help="run only these cells, in this order (and the cells they use first)")] = None,
           set_: SetOpt = None,
           report_only: Annotated[bool, typer.Option(help="only render the report from the committed records")] = False
           ) -> None:

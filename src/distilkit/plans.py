@@ -378,9 +378,8 @@ class Plans:
         records_dir = Path(self.plan.results) / "records" if self.plan.results else None
         if records_dir:
             records_dir.mkdir(parents=True, exist_ok=True)
-        for name, cell in cells.items():
-            if only and name not in only:
-                continue
+        for name in [name for name in only if name in cells] if only else cells:  # the order asked for
+            cell = cells[name]
             if self.timed(cell):
                 self.speed_record(cell, records_dir / f"{name}.json")
             else:
