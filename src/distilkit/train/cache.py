@@ -196,9 +196,13 @@ class TeacherCache:
         return (len(self.dataset), self.teacher.config.num_labels), np.float32
 
     def bytes_needed(self, request: FeatureRequest) -> int:
-        """Disk that filling the missing entries of `request` takes."""
-        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
-                   for shape, dtype in map(self._shape, self.missing(request)))
+        """Disk that filling the missing entries of `request` still takes (an interrupted fill's files are sparse:
+        what it wrote is on disk already)."""
+        missing = self.missing(request)
+        partial = [self.dir / f"{key}{FILL_SUFFIX}" for key in missing]
+        written = sum(path.stat().st_blocks * 512 for path in partial if path.is_file())
+        return max(0, sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in map(self._shape, missing))
+                   - written)
 
     def _compute(self, missing: list[str], request: FeatureRequest, batch_size: int) -> None:
         n = len(self.dataset)
