@@ -195,23 +195,28 @@ class TeacherCache:
             return (self._rows(key), 2), np.float32
         return (len(self.dataset), self.teacher.config.num_labels), np.float32
 
+    def _nbytes(self, key: str) -> int:
+        shape, dtype = self._shape(key)
+        return int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+    def _fill_path(self, key: str) -> Path:
+        return self.dir / f"{key}{FILL_SUFFIX}"
+
     def bytes_needed(self, request: FeatureRequest) -> int:
-        """Disk that filling the missing entries of `request` still takes (an interrupted fill's files are sparse:
-        what it wrote is on disk already)."""
-        missing = self.missing(request)
-        partial = [self.dir / f"{key}{FILL_SUFFIX}" for key in missing]
-        written = sum(path.stat().st_blocks * 512 for path in partial if path.is_file())
-        return max(0, sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in map(self._shape, missing))
-                   - written)
+        """Disk that filling the entries of `request` not on disk still takes (an interrupted fill's files are
+        sparse: what it wrote is on disk already). Reads no entry: every process of a run calls it at start-up,
+        and ensure() checks what is on disk once, in the process that fills."""
+        missing = [key for key in _feature_keys(request) if not self._path(key).is_file()]
+        written = sum(self._fill_path(key).stat().st_blocks * 512 for key in missing if self._fill_path(key).is_file())
+        return max(0, sum(map(self._nbytes, missing)) - written)
 
     def _compute(self, missing: list[str], request: FeatureRequest, batch_size: int) -> None:
         n = len(self.dataset)
-        shapes = {key: self._shape(key) for key in missing}
-        size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
+        size = sum(map(self._nbytes, missing))
         if size >= 1e8:  # a fill long enough, and a disk share large enough, to be worth a line
             print(f"teacher cache: computing {', '.join(missing)} of {self.teacher.name} for {n} examples "
                   f"({_size(size)}) in {self.dir}", file=sys.stderr)
-        partial = {key: self.dir / f"{key}{FILL_SUFFIX}" for key in missing}
+        partial = {key: self._fill_path(key) for key in missing}
         fill = {"keys": missing, "hidden": sorted(request.hidden), "attention": sorted(request.attention),
                 "logits": request.logits, "batch_size": batch_size, "examples": n}
         progress = self.dir / FILL_PROGRESS
@@ -225,8 +230,10 @@ class TeacherCache:
             arrays = {key: np.load(partial[key], mmap_mode="r+", allow_pickle=False) for key in missing}
         else:
             self._remove_fill()
-            arrays = {key: np.lib.format.open_memmap(partial[key], mode="w+", dtype=dtype, shape=shape)
-                      for key, (shape, dtype) in shapes.items()}
+            arrays = {}
+            for key in missing:
+                shape, dtype = self._shape(key)
+                arrays[key] = np.lib.format.open_memmap(partial[key], mode="w+", dtype=dtype, shape=shape)
         saved_at = time.monotonic()
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
         for number, indices in enumerate(sampler):
