@@ -15,10 +15,12 @@ def test_hard_cross_entropy_hand_value():
 
 
 def test_soft_cross_entropy_tinybert_eq10():
-    # teacher z/T = [0, ln 3] -> p = [1/4, 3/4]; student uniform -> -sum p log(1/2) = ln 2
+    # both sides divided by T = 2: teacher [0, ln 3] -> p = [1/4, 3/4]; student [ln 3, 0] -> q = [3/4, 1/4];
+    # -sum p log q = 1/4 ln(4/3) + 3/4 ln 4. A non-uniform student, so a loss that ignored T would differ (~1.98)
     teacher = torch.tensor([[0.0, 2 * math.log(3)]])
-    student = torch.tensor([[0.0, 0.0]])
-    assert losses.soft_cross_entropy(student, teacher, temperature=2.0).item() == pytest.approx(math.log(2), abs=1e-6)
+    student = torch.tensor([[2 * math.log(3), 0.0]])
+    expected = 0.25 * math.log(4 / 3) + 0.75 * math.log(4)
+    assert losses.soft_cross_entropy(student, teacher, temperature=2.0).item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_kl_divergence_lrc_eq4():
