@@ -16,7 +16,7 @@ def test_hard_cross_entropy_hand_value():
 
 def test_soft_cross_entropy_tinybert_eq10():
     # both sides divided by T = 2: teacher [0, ln 3] -> p = [1/4, 3/4]; student [ln 3, 0] -> q = [3/4, 1/4];
-    # -sum p log q = 1/4 ln(4/3) + 3/4 ln 4. A non-uniform student, so a loss that ignored T would differ (~1.98)
+    # -sum p log q = 1/4 ln(4/3) + 3/4 ln 4. A non-uniform student, so a loss that ignored T would give ~2.08
     teacher = torch.tensor([[0.0, 2 * math.log(3)]])
     student = torch.tensor([[2 * math.log(3), 0.0]])
     expected = 0.25 * math.log(4 / 3) + 0.75 * math.log(4)
