@@ -22,10 +22,28 @@ from transformers import AutoTokenizer
 
 # ONNX ------------------------------------------------------------------------------------------
 
-def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, tiny_teacher):
-    path = export_onnx(tiny_teacher, tmp_path / "model.onnx")
-    model = load_student(tiny_teacher).model
-    tokenizer = AutoTokenizer.from_pretrained(tiny_teacher)
+@pytest.fixture(scope="module")
+def varied_classifier(tmp_path_factory, tiny_base_model) -> Path:
+    """A tiny 2-way BERT whose logits vary from text to text (the tiny teacher's, at initializer range 0.02, are
+    nearly one constant, which any int8 error bound passes)."""
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    from conftest import tiny_bert_config
+
+    directory = tmp_path_factory.mktemp("varied-classifier")
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
+    torch.manual_seed(1)
+    config = tiny_bert_config(tokenizer.vocab_size)
+    config.num_labels, config.initializer_range = 2, 0.2
+    BertForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, varied_classifier):
+    path = export_onnx(varied_classifier, tmp_path / "model.onnx")
+    model = load_student(varied_classifier).model
+    tokenizer = AutoTokenizer.from_pretrained(varied_classifier)
     assert onnx_parity(model, path, tokenizer) < 1e-4
     # the check can fail: the same ONNX file against a changed PyTorch model
     with torch.no_grad():
@@ -33,12 +51,17 @@ def test_onnx_export_matches_pytorch_and_int8_stays_close(tmp_path, tiny_teacher
     assert onnx_parity(model, path, tokenizer) > 5e-3
 
     int8 = quantize_int8(path, tmp_path / "model.int8.onnx")
-    batch = {k: v for k, v in tokenizer(["the film was good", "a dull plot , really"], padding=True,
-                                        return_tensors="pt").items()}
+    texts = ["the film was good", "a dull plot , really", "good", "the plot was dull and the film bad",
+             "really good film", "bad"]
+    batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
     fp32_logits = OnnxStudent(path).features(batch).logits
     int8_logits = OnnxStudent(int8, threads=1).features(batch).logits
     assert int8.stat().st_size < path.stat().st_size
-    assert (int8_logits - fp32_logits).abs().max() < 0.1
+    # int8's error is small against how much the logits vary over the texts, and it keeps their order by margin
+    spread = (fp32_logits - fp32_logits.mean(0)).abs().max()
+    assert spread > 0.2 and (int8_logits - fp32_logits).abs().max() < 0.25 * spread
+    margin = lambda logits: (logits[:, 0] - logits[:, 1]).argsort().tolist()  # noqa: E731
+    assert margin(int8_logits) == margin(fp32_logits)
     # per-channel: quantised MatMul weights carry one scale per output column (per-tensor scales are scalars)
     scales = [t for t in onnx.load(str(int8)).graph.initializer if t.name.endswith("_scale")]
     assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in scales)

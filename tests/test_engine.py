@@ -74,12 +74,25 @@ def test_mixed_precision_choices_and_auto_resolution():
     assert build_config({"teacher": teacher}).train.mixed_precision in ("bf16", "fp16", "no")
 
 
-def test_runs_in_turn_in_one_process_each_get_their_own_precision(tmp_path, small_glue, tiny_teacher):
-    """Accelerate keeps one precision per process; a recipe, a bench or a test session runs trainings in turn."""
+def test_runs_in_turn_in_one_process_each_get_their_own_precision(tmp_path, small_glue, tiny_teacher, monkeypatch):
+    """Accelerate keeps one precision per process; a recipe, a bench or a test session runs trainings in turn.
+    What the method sees while it trains tells: under bf16 autocast the student's logits are bfloat16."""
+    from distilkit.methods.kd import KD
+
+    real, seen = KD.loss_terms, []
+
+    def record_precision(self, batch, student, teacher, progress):
+        seen.append((torch.is_autocast_enabled("cpu"), student.logits.dtype))
+        return real(self, batch, student, teacher, progress)
+
+    monkeypatch.setattr(KD, "loss_terms", record_precision)
     for precision in ("no", "bf16", "no"):
+        seen.clear()
         out = tmp_path / precision / str(len(list(tmp_path.glob("*/*"))))
         run_experiment(build_config(tiny_config(small_glue, tiny_teacher, out, max_steps=1, mixed_precision=precision)))
         assert yaml.safe_load((out / "config.yaml").read_text())["train"]["mixed_precision"] == precision
+        expected = (True, torch.bfloat16) if precision == "bf16" else (False, torch.float32)
+        assert seen == [expected], (precision, seen)
 
 
 # the stop at a non-finite loss ------------------------------------------------------------------------------------

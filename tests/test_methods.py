@@ -160,13 +160,19 @@ def test_tinybert_joint_schedule_sums_every_term_at_every_step():
     request = method.teacher_request()
     assert request.hidden == frozenset({0, 2, 4}) and not request.attention and request.logits
     mask = torch.ones(1, 1)
-    student = Features(mask, hidden={i: torch.zeros(1, 1, 8) for i in range(3)}, logits=torch.zeros(1, 2))
-    teacher = Features(mask, hidden={i: torch.ones(1, 1, 8) for i in (0, 2, 4)}, logits=torch.zeros(1, 2))
+    # distinct values per layer, so a wrong layer map changes the sum: student layer i holds i, the teacher's
+    # embeddings 0.5, its layer 2 holds 3 and layer 4 holds 10
+    student = Features(mask, hidden={i: torch.full((1, 1, 8), float(i)) for i in range(3)},
+                       logits=torch.tensor([[2 * math.log(3), 0.0]]))
+    teacher = Features(mask, hidden={0: torch.full((1, 1, 8), 0.5), 2: torch.full((1, 1, 8), 3.0),
+                                     4: torch.full((1, 1, 8), 10.0)}, logits=torch.tensor([[0.0, 2 * math.log(3)]]))
     for step in (0, 9):
         terms = method.loss_terms({}, student, teacher, Progress(step, 10))
-        # embedding: mean (0-1)^2 = 1; hidden: two layers of 1; prediction: -2 * 0.5 ln 0.5 = ln 2
-        assert {k: round(v.item(), 4) for k, v in terms.items()} == {"embedding": 1.0, "hidden": 2.0,
-                                                                    "prediction": 0.6931}
+        # embedding: (0 - 0.5)^2; hidden: student 1 -> teacher 2, 2 -> 4: (1 - 3)^2 + (2 - 10)^2 = 68 (the reverse
+        # map gives 82); prediction: soft CE at T = 2 of student [3/4, 1/4] to teacher [1/4, 3/4]:
+        # -(1/4 ln 3/4 + 3/4 ln 1/4) = 1.1116 (at T = 1 it would be 2.0829)
+        assert {k: round(v.item(), 4) for k, v in terms.items()} == {"embedding": 0.25, "hidden": 68.0,
+                                                                    "prediction": 1.1116}
 
 
 def test_soft_label_loss_is_one_rule_for_every_method():
@@ -176,7 +182,11 @@ def test_soft_label_loss_is_one_rule_for_every_method():
     method = _method({"name": "kd"})
     assert method.soft_label_loss(student, teacher, 2.0, "kl").item() == pytest.approx(kl, abs=1e-6)
     assert method.soft_label_loss(student, teacher, 2.0, "scaled_kl").item() == pytest.approx(4 * kl, abs=1e-6)
-    assert method.soft_label_loss(student, teacher, 2.0, "cross_entropy").item() == pytest.approx(math.log(2))
+    # the uniform student above scores ln 2 at any T: a student that is not uniform tests the temperature.
+    # At T = 2 student [2 ln 3, 0] is [3/4, 1/4] and the teacher [1/4, 3/4]: -(1/4 ln 3/4 + 3/4 ln 1/4)
+    peaked = torch.tensor([[2 * math.log(3), 0.0]])
+    assert method.soft_label_loss(peaked, teacher, 2.0, "cross_entropy").item() == pytest.approx(
+        -(0.25 * math.log(0.75) + 0.75 * math.log(0.25)))
     regression = _method({"name": "kd"}, task="stsb")
     assert regression.soft_label_loss(torch.tensor([[1.0]]), torch.tensor([[3.0]]), 2.0, "kl").item() == 4.0
 
