@@ -125,25 +125,28 @@ def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_
 
 def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(monkeypatch):
     monkeypatch.chdir(Path(__file__).parents[1])  # benchmark plans are found from the repository root
-    for name, tasks in (("protocol-dev", {"sst2", "mrpc", "stsb"}), ("protocol-confirm", {"qnli", "mnli", "qqp", "wnli"})):
+    for name, tasks, lengths in (("protocol-dev", {"sst2", "mrpc", "stsb"}, {"e5": 5, "default": None}),
+                                 ("protocol-confirm", {"qnli", "mnli", "qqp", "wnli"}, {"default": None})):
         cells = Plans(load_plan(name)).cells()
-        # the protocol's cells, {task}-{method}-e5-{student} (its student budget: 5 epochs); investigation arms
-        # (e.g. stsb-kd-soft05-S3-384) change a setting on purpose and are named for it
-        students = {n: c for n, c in cells.items() if re.sub(r"-seed\d+$", "", n) ==
-                    f"{c.config.task.name}-{c.config.method.name}-e5-{c.config.student.preset}"}
-        assert {c.config.train.epochs for c in students.values()} == {5}
-        assert {c.config.task.name for c in students.values()} == tasks
-        for student in ("S3-384", "S4-312"):
-            for task in tasks:
-                methods = {c.config.method.name for c in students.values()
-                           if c.config.task.name == task and c.config.student.preset == student}
-                assert methods == {"finetune", "kd", "tinybert", "pkd", "lrc", "codir", "text_smoothing"}
-        for cell in students.values():  # each method exactly as it ships; Text Smoothing told which model smooths
-            method = cell.config.method.model_dump()
-            if method["name"] == "text_smoothing":  # the base MiniLM with the mlm-head plan's fitted head
-                assert method.pop("smoothing_teacher") == "benchmarks/work/teachers/minilm-l6-mlm"
-            shipped = method_params({"name": cell.config.method.name}).model_dump()
-            assert method == {k: v for k, v in shipped.items() if k in method}
+        for length, epochs in lengths.items():
+            # the protocol's cells, {task}-{method}-<length>-{student}: at 5 epochs (dev groups 3-4) and at the
+            # toolkit's default length (train.epochs unset); investigation arms (e.g. stsb-kd-soft05-S3-384) change
+            # a setting on purpose and are named for it
+            students = {n: c for n, c in cells.items() if re.sub(r"-seed\d+$", "", n) ==
+                        f"{c.config.task.name}-{c.config.method.name}-{length}-{c.config.student.preset}"}
+            assert {c.config.train.epochs for c in students.values()} == {epochs}
+            assert {c.config.task.name for c in students.values()} == tasks
+            for student in ("S3-384", "S4-312"):
+                for task in tasks:
+                    methods = {c.config.method.name for c in students.values()
+                               if c.config.task.name == task and c.config.student.preset == student}
+                    assert methods == {"finetune", "kd", "tinybert", "pkd", "lrc", "codir", "text_smoothing"}
+            for cell in students.values():  # each method exactly as it ships; Text Smoothing told which model smooths
+                method = cell.config.method.model_dump()
+                if method["name"] == "text_smoothing":  # the base MiniLM with the mlm-head plan's fitted head
+                    assert method.pop("smoothing_teacher") == "benchmarks/work/teachers/minilm-l6-mlm"
+                shipped = method_params({"name": cell.config.method.name}).model_dump()
+                assert method == {k: v for k, v in shipped.items() if k in method}
         first = list(students.values())[:6 * len(tasks)]  # the informative cells run first: S3-384 labels only and kd
         runs = {(c.config.task.name, c.config.student.preset, c.config.method.name, c.config.train.seed) for c in first}
         assert runs == {(task, "S3-384", method, seed) for task in tasks for method in ("finetune", "kd")

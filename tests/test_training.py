@@ -203,3 +203,15 @@ def test_each_process_gets_a_share_of_every_global_batch_and_short_last_batches_
     assert shares == [[0, 1], [2], [3]]
     train = SimpleNamespace(epochs=1, batch_size=16, grad_accumulation=1, max_steps=None)
     assert total_steps(34, train, min_batch=3) == 2 and total_steps(35, train, min_batch=3) == 3
+
+
+def test_unset_epochs_train_five_or_enough_epochs_for_two_thousand_steps_on_a_small_set():
+    from distilkit.train.distiller import total_steps
+
+    unset = build_config({"task": {"name": "sst2"}, "teacher": {"model": "t"}}).train
+    assert unset.epochs is None and unset.batch_size == 32
+    assert total_steps(67349, unset) == 5 * 2105  # full SST-2: 2,105 batches an epoch, 5 epochs
+    assert total_steps(3668, unset) == 18 * 115  # MRPC: 115 an epoch, ceil(2000 / 115) = 18 epochs
+    assert total_steps(12800, unset) == 5 * 400 and total_steps(12768, unset) == 6 * 399  # the edge: 2,000 steps
+    assert total_steps(3668, unset.model_copy(update={"epochs": 3.0})) == 345  # set epochs are kept
+    assert total_steps(3668, unset.model_copy(update={"max_steps": 10})) == 10

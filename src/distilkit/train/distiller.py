@@ -29,6 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from distilkit.config import DEFAULT_EPOCHS, SMALL_SET_MIN_STEPS
 from distilkit.data.dataset import batches_per_epoch
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
@@ -97,14 +98,21 @@ def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int, 
     return math.ceil(batches_per_epoch(num_examples, batch_size, min_batch) / grad_accumulation)
 
 
+def default_epochs(per_epoch: int) -> int:
+    """`train.epochs` unset: the default epochs, or on a small set enough whole epochs for the steps distillation
+    needs there (config.SMALL_SET_MIN_STEPS says why)."""
+    return max(DEFAULT_EPOCHS, math.ceil(SMALL_SET_MIN_STEPS / per_epoch))
+
+
 def total_steps(num_examples: int | None, train_cfg, min_batch: int = 2) -> int:
     """Optimizer steps of the run; a streamed corpus (size unknown: None) must say train.max_steps."""
     if train_cfg.max_steps:
         return train_cfg.max_steps
     if num_examples is None:
         raise ValueError("a streamed corpus has no known size: set train.max_steps")
-    return max(1, math.ceil(train_cfg.epochs * steps_per_epoch(num_examples, train_cfg.batch_size,
-                                                                train_cfg.grad_accumulation, min_batch)))
+    per_epoch = steps_per_epoch(num_examples, train_cfg.batch_size, train_cfg.grad_accumulation, min_batch)
+    epochs = train_cfg.epochs if train_cfg.epochs is not None else default_epochs(per_epoch)
+    return max(1, math.ceil(epochs * per_epoch))
 
 
 def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
