@@ -145,11 +145,14 @@ def test_teacher_scores_are_kept_by_teacher_tokens_and_gold_labels(tiny_teacher,
         return {"dev": TokenizedDataset([Example(texts=(t,), label=y) for t, y in zip(texts, labels)],
                                         tokenizer, 16)}
 
-    first = against_teacher.teacher_scores(teacher, dev([1, 0, 1, 0]), task, 2, tmp_path)
+    # unbalanced gold labels: a constant teacher scores 0.75 or 0.25 on them, and the flipped labels 1 - that, so a
+    # cache that ignored the labels would return the first score (with balanced ones both would be 0.5)
+    first = against_teacher.teacher_scores(teacher, dev([1, 1, 1, 0]), task, 2, tmp_path)
+    assert first["dev"]["accuracy"] != 0.5
     assert len(list((tmp_path / "teacher-scores").glob("*.json"))) == 1
     scored = []
     real = against_teacher.evaluate_splits
     monkeypatch.setattr(against_teacher, "evaluate_splits", lambda *a, **k: scored.append(1) or real(*a, **k))
-    assert against_teacher.teacher_scores(teacher, dev([1, 0, 1, 0]), task, 2, tmp_path) == first and not scored
-    flipped = against_teacher.teacher_scores(teacher, dev([0, 1, 0, 1]), task, 2, tmp_path)  # other gold labels
+    assert against_teacher.teacher_scores(teacher, dev([1, 1, 1, 0]), task, 2, tmp_path) == first and not scored
+    flipped = against_teacher.teacher_scores(teacher, dev([0, 0, 0, 1]), task, 2, tmp_path)  # other gold labels
     assert scored == [1] and flipped["dev"]["accuracy"] == pytest.approx(1 - first["dev"]["accuracy"])
