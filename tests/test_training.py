@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from distilkit.config import build_config
@@ -215,3 +216,21 @@ def test_unset_epochs_train_five_or_enough_epochs_for_two_thousand_steps_on_a_sm
     assert total_steps(12800, unset) == 5 * 400 and total_steps(12768, unset) == 6 * 399  # the edge: 2,000 steps
     assert total_steps(3668, unset.model_copy(update={"epochs": 3.0})) == 345  # set epochs are kept
     assert total_steps(3668, unset.model_copy(update={"max_steps": 10})) == 10
+
+
+def test_cli_run_without_epochs_on_a_small_set_says_how_long_it_trains(tmp_path, glue_dir, tiny_teacher):
+    """The user's path: `distilkit distill` with train.epochs unset on 256 examples (32 batches of 8 an epoch) trains
+    63 epochs, 2,016 steps, and says so before the first step; stopped there, since the length is the point."""
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "run")
+    del config["train"]["epochs"]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen([PYTHON, "-m", "distilkit", "distill", str(path)], stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.DEVNULL)
+    try:
+        said = next((line for line in process.stderr if line.startswith("train.epochs unset")), "")
+    finally:
+        process.kill()
+        process.wait()
+    assert said.startswith("train.epochs unset: 63 epochs (2016 steps) on this small set of 256 examples"), said
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["epochs"] is None

@@ -238,6 +238,13 @@ class Distiller:
         # batch of an epoch joins the one before it
         self.min_batch = max(2, self.accelerator.num_processes)
         self.n_total = total_steps(train_data.num_examples, config.train, self.min_batch)
+        cfg = config.train
+        if cfg.epochs is None and not cfg.max_steps and self.accelerator.is_main_process:
+            per_epoch = steps_per_epoch(train_data.num_examples, cfg.batch_size, cfg.grad_accumulation, self.min_batch)
+            if default_epochs(per_epoch) > DEFAULT_EPOCHS:  # stderr: stdout carries the result JSON alone
+                print(f"train.epochs unset: {default_epochs(per_epoch)} epochs ({self.n_total} steps) on this small "
+                      f"set of {train_data.num_examples} examples, which distils better than {DEFAULT_EPOCHS} "
+                      f"(README, Choosing a method); set train.epochs to choose", file=sys.stderr)
 
     def train(self) -> dict:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
