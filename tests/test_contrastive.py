@@ -397,6 +397,35 @@ def test_codir_explains_impossible_settings():
         method.loss_terms({"example_ids": torch.tensor([0, 1, 2])}, student, teacher, Progress(0, 10))
 
 
+def test_codir_pretrain_terms_by_hand():
+    """CoDIR-Pre (§3.2): the student's MLM cross-entropy at the masked positions, plus ρ-softened KL(teacher ‖ student)
+    of the MLM distributions (eq. 2, no T²). Three words; the student's distribution is its tied projection h·Eᵀ."""
+    embeddings = torch.nn.Embedding(3, 2)
+    with torch.no_grad():
+        embeddings.weight.copy_(torch.tensor([[0.0, 0.0], [math.log(2), 0.0], [0.0, 1.0]]))
+    student_model = torch.nn.Module()
+    student_model.get_input_embeddings = lambda: embeddings
+    teacher_mlm = SimpleNamespace(logits=lambda hidden: torch.zeros(hidden.shape[0], 3),  # uniform
+                                  check_vocabulary=lambda size: None)
+    ctx = MethodContext(task=glue_task("sst2"), train_size=4,
+                        student=SimpleNamespace(num_layers=1, width=2, model=student_model),
+                        teacher=SimpleNamespace(num_layers=1, width=2, mlm=teacher_mlm))
+    method = get_method("codir")(method_params({"name": "codir", "objective": "pretrain", "negative_sampling": "batch",
+                                                "kd_weight": 1.0, "kd_temperature": 2.0, "crd_weight": 0.0}), ctx)
+    mask = torch.ones(1, 2, dtype=torch.long)
+    student = Features(mask, hidden={1: torch.tensor([[[5.0, 5.0], [1.0, 0.0]]])})  # position 1 is masked
+    teacher = Features(mask, hidden={1: torch.zeros(1, 2, 2)})
+    batch = {"mlm_labels": torch.tensor([[-100, 1]]), "example_ids": torch.tensor([0])}
+    terms = method.loss_terms(batch, student, teacher, Progress(0, 10))
+    assert set(terms) == {"mlm", "kd"}
+    # logits h·Eᵀ = [0, ln 2, 0] -> p = [1/4, 1/2, 1/4]; the gold word is 1: CE = ln 2
+    assert terms["mlm"].item() == pytest.approx(math.log(2), abs=1e-6)
+    # at ρ = 2 the student is ∝ [1, √2, 1]; KL(uniform ‖ that) = ln(2 + √2) − ln 3 − (ln 2) / 6 = 0.013820
+    # (at ρ = 1 it would be 0.0566)
+    kl = math.log(2 + math.sqrt(2)) - math.log(3) - math.log(2) / 6
+    assert terms["kd"].item() == pytest.approx(kl, abs=1e-6)
+
+
 def test_codir_pretrain_loss_side_on_a_tiny_model(tiny_pair):
     teacher, student, batch = tiny_pair
     ctx = MethodContext(task=glue_task("sst2"), student=student, teacher=teacher, train_size=3)
