@@ -171,3 +171,9 @@ def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_mach
     assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8100 (90.0%) | +3.0 (93.3%, 1 seed) |"
     runs["teacher-sst2"] = on("EPYC", runs["teacher-sst2"])  # retrained elsewhere: one labels-only student, no pair
     assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%) | – |"
+    # most labels-only students ran on the Xeon, from the Xeon's retrained teacher: the row is theirs, with the
+    # teacher's scores their records carry
+    runs["sst2-finetune-S-seed2"] = on("Xeon", _record("sst2", 2, 0.79, teacher_best_dev={"accuracy": 0.88}))
+    runs["sst2-kd-S-seed2"] = on("Xeon", _record("sst2", 2, 0.80))
+    runs["sst2-finetune-S-seed1"]["teacher_best_dev"] = {"accuracy": 0.88}
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.8800 | 0.8000 ± 0.0141 (90.9%) | +2.0 ± 1.4 (93.2%, 2 seeds) |"
