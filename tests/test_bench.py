@@ -407,6 +407,13 @@ def test_cli_submit_and_predict_int8(tmp_path, glue_dir, tiny_teacher):
     assert [json.loads(line)["label"] in ("0", "1") for line in result.output.splitlines()] == [True, True]
 
 
+def test_a_plan_that_has_run_nothing_writes_no_report(tmp_path, monkeypatch):
+    """`distilkit bench protocol-confirm --report-only` before any of its cells ran wrote an empty report.md."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert Plans(load_plan("protocol-confirm", [f"results={tmp_path}"])).render() == {}
+    assert not (tmp_path / "report.md").exists()
+
+
 @pytest.mark.parametrize("name", ["foundation", "general", "sra", "smoothing-refbert", "glue-methods"])
 def test_committed_reports_regenerate_from_their_committed_records(name, tmp_path, monkeypatch):
     """Acceptance 4 of issue 20: every table of a committed report.md comes back from its records alone."""

@@ -403,7 +403,7 @@ class Plans:
         from distilkit.evaluate.report import render_plan_report
 
         records = read_records(Path(self.plan.results))
-        if self.plan.report or self.plan.speed:
+        if records and (self.plan.report or self.plan.speed):  # a plan that has run nothing yet has no report
             report = render_plan_report(self.plan, records, self.cells(), self.command())
             print(f"[plan] report: {report}", file=sys.stderr)
         return records
