@@ -167,7 +167,7 @@ CASES: dict[str, tuple] = {
     "unknown field": (lambda w: w.distill("train.epoch=3"), ["train.epoch", "Extra inputs"]),
     "--set without =": (lambda w: ["distill", "--set", "train.epochs"], ["train.epochs", "section.field=value"]),
     "--set value not YAML": (lambda w: w.distill("train.epochs=[1,"), ["train.epochs=[1,", "not valid YAML"]),
-    "--set into a value": (lambda w: w.distill("train.epochs.x=1"), ["train.epochs", "valid number"]),
+    "--set into a value": (lambda w: w.distill("train.epochs.x=1"), ["train.epochs", "positive number"]),
     "bad choice": (lambda w: w.distill("train.mixed_precision=fp8"), ["train.mixed_precision", "'bf16'"]),
     "negative learning rate": (lambda w: w.distill("train.learning_rate=-1"), ["train.learning_rate", "greater than 0"]),
     "wrong type": (lambda w: w.distill("train.batch_size=many"), ["train.batch_size", "integer"]),

@@ -120,5 +120,5 @@ def test_train_compile_runs_the_student_compiled(tmp_path, glue_dir, tiny_teache
         "train": {"max_steps": 8, "batch_size": 8, "learning_rate": 1e-3, "mixed_precision": "no", "compile": True},
         "output": {"dir": str(tmp_path / "run")}})
     metrics = run_experiment(config)
-    assert set(metrics["final"]["dev"]) >= {"accuracy"}  # evaluation ran compiled too
+    assert set(metrics["final"]["dev"]) >= {"accuracy"}  # the run ended with a score
     assert 0 < _compiled_graphs() <= 4  # training and evaluation, not one per batch of 8 steps

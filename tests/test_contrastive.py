@@ -420,7 +420,7 @@ def test_codir_pretrain_terms_by_hand():
     assert set(terms) == {"mlm", "kd"}
     # logits h·Eᵀ = [0, ln 2, 0] -> p = [1/4, 1/2, 1/4]; the gold word is 1: CE = ln 2
     assert terms["mlm"].item() == pytest.approx(math.log(2), abs=1e-6)
-    # at ρ = 2 the student is ∝ [1, √2, 1]; KL(uniform ‖ that) = ln(2 + √2) − ln 3 − (ln 2) / 6 = 0.013820
+    # at ρ = 2 the student is ∝ [1, √2, 1]; KL(uniform ‖ that) = ln(2 + √2) − ln 3 − (ln 2) / 6 = 0.013810
     # (at ρ = 1 it would be 0.0566)
     kl = math.log(2 + math.sqrt(2)) - math.log(3) - math.log(2) / 6
     assert terms["kd"].item() == pytest.approx(kl, abs=1e-6)

@@ -193,6 +193,7 @@ def test_each_process_gets_a_share_of_every_global_batch_and_short_last_batches_
     """Four rows over three processes were split 2, 2, 0 (ceil), leaving the last process nothing to train on."""
     from types import SimpleNamespace
 
+    from distilkit.config import TrainConfig
     from distilkit.train.distiller import Distiller, total_steps
 
     batch = {"input_ids": torch.arange(8).view(4, 2), "labels": torch.arange(4)}
@@ -202,35 +203,59 @@ def test_each_process_gets_a_share_of_every_global_batch_and_short_last_batches_
         distiller.accelerator = SimpleNamespace(num_processes=3, process_index=rank)
         shares.append(distiller._split(batch)["labels"].tolist())
     assert shares == [[0, 1], [2], [3]]
-    train = SimpleNamespace(epochs=1, batch_size=16, grad_accumulation=1, max_steps=None)
+    train = TrainConfig(epochs=1, batch_size=16)
     assert total_steps(34, train, min_batch=3) == 2 and total_steps(35, train, min_batch=3) == 3
 
 
-def test_unset_epochs_train_five_or_enough_epochs_for_two_thousand_steps_on_a_small_set():
+def test_unset_epochs_train_five_or_enough_epochs_to_see_64000_examples_on_a_small_set():
     from distilkit.train.distiller import total_steps
 
     unset = build_config({"task": {"name": "sst2"}, "teacher": {"model": "t"}}).train
-    assert unset.epochs is None and unset.batch_size == 32
+    assert unset.epochs == "5, or 64000 examples seen on a small set" and unset.batch_size == 32
     assert total_steps(67349, unset) == 5 * 2105  # full SST-2: 2,105 batches an epoch, 5 epochs
-    assert total_steps(3668, unset) == 18 * 115  # MRPC: 115 an epoch, ceil(2000 / 115) = 18 epochs
-    assert total_steps(12800, unset) == 5 * 400 and total_steps(12768, unset) == 6 * 399  # the edge: 2,000 steps
+    assert total_steps(3668, unset) == 18 * 115  # MRPC: ceil(64,000 / 3,668) = 18 epochs of 115 batches
+    assert total_steps(12800, unset) == 5 * 400 and total_steps(12799, unset) == 6 * 400  # the edge: 64,000 seen
+    # examples, not steps: a batch 4x larger makes a quarter of the steps over as many epochs
+    assert total_steps(3668, unset.model_copy(update={"batch_size": 128})) == 18 * 29
     assert total_steps(3668, unset.model_copy(update={"epochs": 3.0})) == 345  # set epochs are kept
     assert total_steps(3668, unset.model_copy(update={"max_steps": 10})) == 10
 
 
+def test_a_run_that_relied_on_the_length_rule_is_redone_when_the_rule_changes(monkeypatch):
+    from distilkit import config as config_module
+    from distilkit.config import ConfigError, dump_config, same_config
+
+    saved = dump_config(build_config({"task": {"name": "sst2"}, "teacher": {"model": "t"}}))
+    assert "epochs: 5, or 64000 examples seen on a small set\n" in saved  # the saved config says how long
+    assert same_config(saved, dump_config(build_config({"task": {"name": "sst2"}, "teacher": {"model": "t"},
+                                                        "train": {"epochs": None}})))
+    monkeypatch.setattr(config_module, "LENGTH_RULE", "5, or 100000 examples seen on a small set")
+    today = dump_config(build_config({"task": {"name": "sst2"}, "teacher": {"model": "t"}}))
+    assert not same_config(saved, today)  # another rule: another run
+    with pytest.raises(ConfigError, match="neither a number of epochs nor today's default"):
+        build_config(yaml.safe_load(saved))
+
+
 def test_cli_run_without_epochs_on_a_small_set_says_how_long_it_trains(tmp_path, glue_dir, tiny_teacher):
-    """The user's path: `distilkit distill` with train.epochs unset on 256 examples (32 batches of 8 an epoch) trains
-    63 epochs, 2,016 steps, and says so before the first step; stopped there, since the length is the point."""
+    """The user's path: `distilkit distill` with train.epochs unset on 256 examples trains 250 epochs (64,000
+    examples seen), 8,000 steps of 8, and says so before the first step; stopped there, since the length is the
+    point (a watchdog stops it if the line never comes)."""
+    import threading
+
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "run")
     del config["train"]["epochs"]
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen([PYTHON, "-m", "distilkit", "distill", str(path)], stderr=subprocess.PIPE, text=True,
                                stdout=subprocess.DEVNULL)
+    watchdog = threading.Timer(300, process.kill)
+    watchdog.start()
     try:
         said = next((line for line in process.stderr if line.startswith("train.epochs unset")), "")
     finally:
+        watchdog.cancel()
         process.kill()
         process.wait()
-    assert said.startswith("train.epochs unset: 63 epochs (2016 steps) on this small set of 256 examples"), said
-    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["epochs"] is None
+    assert said.startswith("train.epochs unset: 250 epochs (8000 steps) on this small set of 256 examples"), said
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["epochs"] == (
+        "5, or 64000 examples seen on a small set")

@@ -352,23 +352,24 @@ def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
     return lines
 
 
-def teacher_of(teacher: dict | None, baseline: dict[int, dict]) -> dict | None:
+def row_teacher(teacher: dict | None, baseline: dict[int, dict]) -> dict | None:
     """The teacher a row's labels-only students learnt from, on the CPU most of them ran on (the teacher record's
     on a tie). A teacher cell retrained on another kind of CPU is another run with the same name; the record keeps
-    one of them, and the other's scores are in its students' records (`teacher_best_dev`)."""
-    if teacher is None or not baseline:
+    one of them, and the other's scores are in its students' records (`teacher_best_dev`): without those, the row
+    stays with the record's machine."""
+    if teacher is None:
         return None
     counts: dict[str | None, int] = {}
     for record in baseline.values():
         counts[cpu(record)] = counts.get(cpu(record), 0) + 1
-    machine_of_most = max(counts, key=lambda c: (counts[c], c == cpu(teacher)))
-    if machine_of_most == cpu(teacher):
-        return teacher
-    carried = next((r["teacher_best_dev"] for r in baseline.values()
-                    if cpu(r) == machine_of_most and r.get("teacher_best_dev")), None)
-    if carried is None:
-        return None
-    return {**teacher, "best_dev": carried, "environment": {**teacher.get("environment", {}), "cpu": machine_of_most}}
+    for machine in sorted(counts, key=lambda c: (counts[c], c == cpu(teacher)), reverse=True):
+        if machine == cpu(teacher):
+            return teacher
+        carried = next((r["teacher_best_dev"] for r in baseline.values()
+                        if cpu(r) == machine and r.get("teacher_best_dev")), None)
+        if carried is not None:
+            return {**teacher, "best_dev": carried, "environment": {**teacher.get("environment", {}), "cpu": machine}}
+    return None
 
 
 def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
@@ -383,11 +384,11 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
         rows = []
         for task, teacher_cell in spec["teachers"].items():
             cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
-            teacher = teacher_of(runs.get(teacher_cell), seeded(runs, cell(spec["baseline"])))
-            if teacher is None:
+            baseline = seeded(runs, cell(spec["baseline"]))
+            teacher = row_teacher(runs.get(teacher_cell), baseline)
+            labels = {seed: r for seed, r in baseline.items() if teacher and cpu(r) == cpu(teacher)}  # its students
+            if not labels:
                 continue
-            labels = {seed: r for seed, r in seeded(runs, cell(spec["baseline"])).items()
-                      if cpu(r) == cpu(teacher)}  # the students that learnt from this teacher
             metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
             top = score(teacher, metric)
             baseline = [score(r, metric) for r in labels.values()]

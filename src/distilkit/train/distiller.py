@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from distilkit.config import DEFAULT_EPOCHS, SMALL_SET_MIN_STEPS
+from distilkit.config import DEFAULT_EPOCHS, LENGTH_RULE, SMALL_SET_MIN_EXAMPLES
 from distilkit.data.dataset import batches_per_epoch
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
@@ -98,12 +98,6 @@ def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int, 
     return math.ceil(batches_per_epoch(num_examples, batch_size, min_batch) / grad_accumulation)
 
 
-def default_epochs(per_epoch: int) -> int:
-    """`train.epochs` unset: the default epochs, or on a small set enough whole epochs for the steps distillation
-    needs there (config.SMALL_SET_MIN_STEPS says why)."""
-    return max(DEFAULT_EPOCHS, math.ceil(SMALL_SET_MIN_STEPS / per_epoch))
-
-
 def total_steps(num_examples: int | None, train_cfg, min_batch: int = 2) -> int:
     """Optimizer steps of the run; a streamed corpus (size unknown: None) must say train.max_steps."""
     if train_cfg.max_steps:
@@ -111,8 +105,7 @@ def total_steps(num_examples: int | None, train_cfg, min_batch: int = 2) -> int:
     if num_examples is None:
         raise ValueError("a streamed corpus has no known size: set train.max_steps")
     per_epoch = steps_per_epoch(num_examples, train_cfg.batch_size, train_cfg.grad_accumulation, min_batch)
-    epochs = train_cfg.epochs if train_cfg.epochs is not None else default_epochs(per_epoch)
-    return max(1, math.ceil(epochs * per_epoch))
+    return max(1, math.ceil(train_cfg.epochs_for(num_examples) * per_epoch))
 
 
 def _param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -238,13 +231,12 @@ class Distiller:
         # batch of an epoch joins the one before it
         self.min_batch = max(2, self.accelerator.num_processes)
         self.n_total = total_steps(train_data.num_examples, config.train, self.min_batch)
-        cfg = config.train
-        if cfg.epochs is None and not cfg.max_steps and self.accelerator.is_main_process:
-            per_epoch = steps_per_epoch(train_data.num_examples, cfg.batch_size, cfg.grad_accumulation, self.min_batch)
-            if default_epochs(per_epoch) > DEFAULT_EPOCHS:  # stderr: stdout carries the result JSON alone
-                print(f"train.epochs unset: {default_epochs(per_epoch)} epochs ({self.n_total} steps) on this small "
-                      f"set of {train_data.num_examples} examples, which distils better than {DEFAULT_EPOCHS} "
-                      f"(README, Choosing a method); set train.epochs to choose", file=sys.stderr)
+        cfg, size = config.train, train_data.num_examples
+        if cfg.epochs == LENGTH_RULE and not cfg.max_steps and cfg.epochs_for(size) > DEFAULT_EPOCHS \
+                and self.accelerator.is_main_process:  # stderr: stdout carries the result JSON alone
+            print(f"train.epochs unset: {cfg.epochs_for(size):g} epochs ({self.n_total} steps) on this small set of "
+                  f"{size} examples, so that the student sees {SMALL_SET_MIN_EXAMPLES:,}: distillation kept gaining "
+                  "that long on small sets (README, Choosing a method); set train.epochs to choose", file=sys.stderr)
 
     def train(self) -> dict:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
