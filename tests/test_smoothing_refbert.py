@@ -258,13 +258,19 @@ def test_cli_refbert_trains_saves_and_predicts_without_teacher(tmp_path, glue_di
     assert meta["references"] == 96 and meta["index_bytes"] > 0 and meta["train_examples_with_reference"] > 0.9
     assert "index_build_seconds" in meta and meta["store_bytes"] > 0
 
-    from distilkit.evaluate.evaluator import evaluate_splits
+    from distilkit.evaluate.evaluator import evaluate_splits, predict_logits
     from distilkit.models.student import load_student
     from distilkit.run import build_run
 
     run = build_run(_config(glue_dir, out, tiny_teacher))
-    reloaded = evaluate_splits(load_student(out / "final"), run.eval_data, run.task)
+    student = load_student(out / "final")
+    reloaded = evaluate_splits(student, run.eval_data, run.task)
     assert reloaded["dev"]["accuracy"] == metrics["final"]["dev"]["accuracy"]
+    # the accuracy of a near-constant tiny model says little: the reloaded student must read the saved references
+    with_references = predict_logits(student, run.eval_data["dev"])
+    student.references = References.blank(student.references.width)
+    without = predict_logits(student, run.eval_data["dev"])
+    assert np.abs(without - with_references).max() > 0.01 * np.abs(with_references).max()
     os.rename(tiny_teacher, str(tiny_teacher) + ".hidden")  # prediction must not need the teacher
     try:
         result = cli("predict", str(out / "final"), "the film was good", "a dull boring plot")
