@@ -47,6 +47,7 @@ def test_official_v1_evaluation_on_records():
     scores = squad_v1_scores(gold, predictions)
     assert scores["exact_match"] == pytest.approx(100 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 0.8) / 3)
+    assert scores["total"] == 3  # questions scored, the unanswered one included
 
 
 def test_official_v2_evaluation_with_no_answer_odds_and_best_threshold():

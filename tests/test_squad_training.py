@@ -79,7 +79,7 @@ def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_tea
         "train": {"max_steps": 3, "batch_size": 8, "mixed_precision": "no", "log_every": 1},
         "output": {"dir": str(tmp_path / "run")}}))
     scores = metrics["final"]["dev"]
-    assert set(scores) == {"exact_match", "f1"} and 0 <= scores["exact_match"] <= scores["f1"] <= 100
+    assert set(scores) == {"exact_match", "f1", "total"} and scores["total"] == 16 and 0 <= scores["exact_match"] <= scores["f1"] <= 100
     logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert all(np.isfinite(entry["loss"]) for entry in logged if "loss" in entry)
     logged_terms = {k.removeprefix("loss/") for entry in logged for k in entry if k.startswith("loss/")}
@@ -146,7 +146,8 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     assert result.returncode == 0, result.stderr
     assert "skipped 1 bad record" in result.stderr
     metrics = json.loads(result.stdout)
-    assert metrics["teacher_forward_passes"] > 0 and set(metrics["final"]["dev"]) == {"exact_match", "f1"}
+    assert metrics["teacher_forward_passes"] > 0 and set(metrics["final"]["dev"]) == {"exact_match", "f1", "total"}
+    assert metrics["final"]["dev"]["total"] == 16  # every dev question scored: the skipped one was in train
 
     # its card says what it is: a QA model scored by EM/F1, not a GLUE classifier
     from huggingface_hub import ModelCard

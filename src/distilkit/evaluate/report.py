@@ -275,7 +275,8 @@ def runs_table(runs: dict[str, dict]) -> list[str]:
     lines = ["| run | student | main metric | best | dev metrics at best | params | epochs (steps) | train s | ex/s "
              "| teacher fwd |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
-        scores = ", ".join(f"{k} {v:.4f}" for k, v in best_dev(r).items())
+        scores = ", ".join(f"{k} {v:.0f}" if k.endswith("total") else f"{k} {v:.4f}"  # SQuAD's question counts
+                           for k, v in best_dev(r).items())
         lines.append(f"| {name} | {r['student']} | {r['best']['metric']} | {r['best']['score']:.4f} | {scores} | "
                      f"{r['params']['total'] / 1e6:.1f}M | {r['epochs']:g} ({r['steps']}) | {r['train_seconds']:.0f} | "
                      f"{r['examples_per_second']:.0f} | {r['teacher_forward_passes']} |")

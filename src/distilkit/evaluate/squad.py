@@ -55,7 +55,8 @@ def token_f1(prediction: str, truth: str, empty_matches_empty: bool = False) -> 
 
 def squad_v1_scores(gold: dict[str, Sequence[str]], predictions: dict[str, str]) -> dict[str, float]:
     """evaluate-v1.1.py: mean over every gold question of the max over its answers; a missing prediction
-    scores 0."""
+    scores 0. `total`, the questions scored (as v2.0's script reports it), shows in every record whether
+    bad dev records were skipped (`task.bad_records: skip`)."""
     em = f1 = 0.0
     for qid, answers in gold.items():
         if qid not in predictions:
@@ -63,7 +64,7 @@ def squad_v1_scores(gold: dict[str, Sequence[str]], predictions: dict[str, str])
         em += max(exact_match(predictions[qid], a) for a in answers)
         f1 += max(token_f1(predictions[qid], a) for a in answers)
     total = max(len(gold), 1)
-    return {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total}
+    return {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total, "total": float(len(gold))}
 
 
 def squad_v2_scores(gold: dict[str, Sequence[str]], predictions: dict[str, str],
