@@ -494,6 +494,9 @@ class Plans:
         spec, split, dev = self._dev(config, cell.dir / "best")
         size = size_record(cell.dir / "best", float(dev.lengths.mean()))
         score = metrics["best"]["score"]
+        # % of teacher compares like with like: the teacher scored by the student's own run, in its evaluation's
+        # precision (bf16 autocast on a CPU that has it), not the fp32 score of the teacher record
+        teacher_score = metrics.get("teacher_scores", {}).get(split, {}).get(spec.main_metric, teacher["dev_score"])
         log = cell.dir / "log.jsonl"
         curve = [r for r in map(json.loads, log.read_text().splitlines()) if "loss" in r] if log.is_file() else []
         return {
@@ -510,7 +513,8 @@ class Plans:
             "flop_ratio": (teacher["flops_per_sequence"] / size["flops_per_sequence"]
                            if size["flops_per_sequence"] and teacher["flops_per_sequence"] else None),
             "dev": {"split": split, "metric": spec.main_metric, "score": score,
-                    "percent_of_teacher": 100 * score / teacher["dev_score"], "best_step": metrics["best"]["step"],
+                    "teacher_score": teacher_score, "percent_of_teacher": 100 * score / teacher_score,
+                    "best_step": metrics["best"]["step"],
                     "final": metrics["final"]},
             "seeds": {"train": config.train.seed, "data_subset": 0},
             "loss_curve": curve,

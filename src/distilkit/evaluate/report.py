@@ -201,8 +201,10 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark", 
     for task, group in _by_task(records).items():
         teacher = group[0]["teacher"]
         flops = teacher["flops_per_sequence"]
+        scored = group[0]["dev"].get("teacher_score", teacher["dev_score"])  # what % of teacher divides by
+        also = f" ({teacher['dev_score']:.4f} in fp32)" if abs(scored - teacher["dev_score"]) >= 5e-5 else ""
         lines += [f"## {task}", "",
-                  f"Teacher: {teacher['name']} — dev {teacher['metric']} {teacher['dev_score']:.4f}, "
+                  f"Teacher: {teacher['name']} — dev {teacher['metric']} {scored:.4f}{also}, "
                   f"{teacher['params']['total'] / 1e6:.1f}M params "
                   f"({teacher['params']['without_embeddings'] / 1e6:.1f}M without embeddings), "
                   f"{_fmt(flops / 1e9 if flops else None)} GFLOPs/seq. "
