@@ -159,8 +159,12 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     crash_after_checkpoint(config, monkeypatch, step=9)  # mid-epoch 1 of 2, inside the intermediate stage's end region
     # a half-written checkpoint from a crash in the middle of saving is ignored
     (tmp_path / "crashed" / "checkpoints" / ".step-00000012.999.tmp").mkdir()
+    saved = json.loads((tmp_path / "crashed" / "checkpoints" / "step-00000009" / "state.json").read_text())
+    assert saved["loop_seconds"] >= saved["train_seconds"] > 0  # the loop's time so far, evaluations included
     resumed = run_experiment(build_config(config))
     assert resumed["steps"] == 64
+    # the run's wall time counts both processes' loops: what a resumed run cost in all
+    assert resumed["distill_wall_seconds"] > saved["loop_seconds"] + (resumed["train_seconds"] - saved["train_seconds"])
     assert not (tmp_path / "crashed" / "checkpoints").exists()  # finished: the resume state is not kept
     whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     again = load_file(tmp_path / "crashed" / "final" / "model.safetensors")

@@ -303,13 +303,11 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     distiller = Distiller(config=config, task=run.task, student=run.student, method=run.method,
                           teacher_source=run.teacher_source, train_data=run.train_data, eval_data=run.eval_data,
                           out_dir=out, save_student=save, accelerator=accelerator)
-    start = time.perf_counter()
     try:
         summary = distiller.train()
     finally:
         if run.scratch is not None:
             run.scratch.cleanup()
-    wall = time.perf_counter() - start
     if not accelerator.is_main_process:
         return summary
     final_eval = summary["evals"][-1] if summary["evals"] else {}
@@ -322,7 +320,8 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         "teacher_forward_passes": sum(t.forward_passes for t in run.teachers),  # cache fills and live passes
         "teacher_cache_seconds": round(cache_seconds, 2),
-        "distill_wall_seconds": round(wall + cache_seconds, 2),
+        # a resumed run counts the loop's time in every process that ran it (up to its last checkpoint)
+        "distill_wall_seconds": round(summary["loop_seconds"] + cache_seconds, 2),
         **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "seed": config.train.seed,

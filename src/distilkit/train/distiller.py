@@ -58,6 +58,7 @@ class TrainState:
     best_score: float | None = None
     best_step: int | None = None
     train_seconds: float = 0.0  # training only: evaluation and checkpoints excluded
+    loop_seconds: float = 0.0  # the loop's wall time, evaluation and checkpoints included, summed over resumes
     examples: int = 0
     evals: list[dict] = field(default_factory=list)
     tracker_runs: dict[str, str] = field(default_factory=dict)  # tracker -> run id: a resumed run continues them
@@ -80,6 +81,10 @@ class Stopwatch:
 
     def resume(self) -> None:
         self._since = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
 
 class TrainModule(nn.Module):
@@ -252,7 +257,7 @@ class Distiller:
         wrapped, optimizer = acc.prepare(module, optimizer)
         log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg, state.tracker_runs)
         state.tracker_runs = log.tracker_runs
-        clock = Stopwatch(state.train_seconds)
+        clock, loop_clock = Stopwatch(state.train_seconds), Stopwatch(state.loop_seconds)
         module.train()
         try:
             while state.step < n_total:
@@ -271,6 +276,7 @@ class Distiller:
                     if due(self.cfg.eval.every_steps, state.step, last, epoch_done):
                         self._evaluate_and_keep_best(wrapped, state, log)
                     if due(cfg.checkpoint_every, state.step, last, epoch_done):
+                        state.loop_seconds = loop_clock.elapsed
                         self._checkpoint(wrapped, optimizer, scheduler, state)
                     clock.resume()
                     if last or epoch_done:
@@ -281,6 +287,7 @@ class Distiller:
         state.train_seconds = clock.seconds
         self._save_student(wrapped, self.out_dir / "final")
         acc.wait_for_everyone()
+        state.loop_seconds = loop_clock.elapsed
         return self._summary(state)
 
     # the pieces of a step -------------------------------------------------------------------------
@@ -402,6 +409,7 @@ class Distiller:
         epochs = (state.step / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation, self.min_batch) if known
                   else state.epoch)  # a streamed corpus: completed passes
         return {"steps": state.step, "epochs": round(epochs, 3), "train_seconds": round(state.train_seconds, 2),
+                "loop_seconds": round(state.loop_seconds, 2),
                 "train_examples": state.examples,
                 "examples_per_second": round(state.examples / max(state.train_seconds, 1e-9), 2),
                 "best_score": state.best_score, "best_step": state.best_step, "evals": state.evals,
