@@ -388,7 +388,7 @@ class Plans:
                 for used in [cell, *self.lineage(cell)]:
                     if not self.timed(used):
                         self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
-                                          records_dir / f"{used.name}.json")
+                                          records_dir / f"{used.name}.json", dependency=used is not cell)
         for step in self.plan.steps:
             if only and step.name not in only:
                 continue
@@ -431,9 +431,18 @@ class Plans:
                 "environment": json.loads((cell.dir / "env.json").read_text()),
                 "config": cell.config.model_dump(mode="json")}
 
-    def write_record(self, cell: Cell, metrics: dict, path: Path) -> None:
-        """The plain record, rewritten only when the run changed."""
-        text = json.dumps(self.plain_record(cell, metrics), indent=2)
+    def write_record(self, cell: Cell, metrics: dict, path: Path, dependency: bool = False) -> None:
+        """The plain record, rewritten only when the run changed. A cell used by the cell asked for (its
+        teacher, its start) keeps a record of the same config: retrained on another machine (its work folder
+        lost), it is not the run the record describes; its students carry its scores (`teacher_best_dev`)."""
+        record = self.plain_record(cell, metrics)
+        text = json.dumps(record, indent=2)
+        if path.is_file() and path.read_text() != text:
+            kept = json.loads(path.read_text())
+            if dependency and kept["config"] == record["config"]:
+                print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
+                      f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
+                return
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
 
