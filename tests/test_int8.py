@@ -53,6 +53,25 @@ def test_int8_keeps_every_layer_int8_when_it_agrees(tiny_regressor, tmp_path):
     assert 0.5 <= check["agreement"] < 1.0
 
 
+def test_a_search_stopped_half_way_leaves_no_int8_file_to_reuse(tiny_regressor, tmp_path, monkeypatch):
+    """A plan killed during the layer search reruns it: a trial model left as model.int8.onnx, newer than the
+    fp32 file, would be timed and scored as the checked one."""
+    from distilkit import export
+
+    real_run, calls = export._run, []
+
+    def stopped_on_the_third_model(path, feeds):
+        calls.append(path)
+        if len(calls) == 3:  # fp32, all-int8, then the first trial of the sensitivity search
+            raise KeyboardInterrupt
+        return real_run(path, feeds)
+
+    monkeypatch.setattr(export, "_run", stopped_on_the_third_model)
+    with pytest.raises(KeyboardInterrupt):
+        quantize_int8(tiny_regressor / "model.onnx", tmp_path / "model.int8.onnx", texts=TEXTS, min_agreement=1.0)
+    assert list(tmp_path.iterdir()) == []  # neither a trial model nor a half-made int8 file
+
+
 def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regressor, tmp_path):
     fp32 = tiny_regressor / "model.onnx"
     all_int8 = int8_check(quantize_int8(fp32, tmp_path / "all.onnx", texts=TEXTS, min_agreement=0.0))["agreement"]

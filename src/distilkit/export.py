@@ -129,17 +129,33 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     """
     onnx_path = Path(onnx_path)
     out_path = Path(out_path or onnx_path.with_name(INT8_FILE))
-    feeds, source = calibration_feeds(Path(model_dir or onnx_path.parent), texts)
+    # the search writes trial models; they go to a file of this process, moved into place once checked, so a
+    # search killed half-way leaves no unchecked int8 file that a rerun would take for the finished one
+    work = out_path.with_name(f"{out_path.stem}.{os.getpid()}.tmp{out_path.suffix}")
+    try:
+        check = _quantize_checked(onnx_path, work, str(out_path), Path(model_dir or onnx_path.parent), texts,
+                                  min_agreement)
+        _record(work, check)
+        os.replace(work, out_path)
+    finally:
+        work.unlink(missing_ok=True)
+    return out_path
+
+
+def _quantize_checked(onnx_path: Path, out_path: Path, name: str, model_dir: Path,
+                      texts: list[str | tuple[str, str]] | None, min_agreement: float) -> dict:
+    """Writes the int8 model to `out_path` and returns its check (`quantize_int8`); `name` is for messages."""
+    feeds, source = calibration_feeds(model_dir, texts)
     if feeds is None:
         _quantize(onnx_path, out_path, [])
-        log.warning("int8 %s: not checked against fp32 (%s)", out_path.name, source)
-        return _record(out_path, {"checked": False, "why_not": source})
+        log.warning("int8 %s: not checked against fp32 (%s)", name, source)
+        return {"checked": False, "why_not": source}
     fp32 = _run(onnx_path, feeds)
     agreement = _quantize_and_compare(onnx_path, out_path, [], feeds, fp32)
     if agreement >= min_agreement:
-        log.info("int8 %s: every layer int8; agrees with fp32 on %.2f%% of %s", out_path, 100 * agreement, source)
-        return _record(out_path, {"checked": True, "calibration": source, "agreement": agreement,
-                                  "layers_fp32": [], "all_int8_agreement": agreement})
+        log.info("int8 %s: every layer int8; agrees with fp32 on %.2f%% of %s", name, 100 * agreement, source)
+        return {"checked": True, "calibration": source, "agreement": agreement, "layers_fp32": [],
+                "all_int8_agreement": agreement}
     all_int8 = agreement
     groups = layer_groups(onnx_path)
     # sensitivity: the mean squared logit change with only that group in int8 (continuous, so it ranks groups
@@ -158,11 +174,10 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
             break
     # a warning, so the CLI (which configures no logging) shows it too
     log.warning("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
-             "%.1f%% of %s; now agrees on %.2f%%", out_path, ", ".join(kept_fp32), 100 * min_agreement, source,
+             "%.1f%% of %s; now agrees on %.2f%%", name, ", ".join(kept_fp32), 100 * min_agreement, source,
              100 * agreement)
-    return _record(out_path, {"checked": True, "calibration": source, "agreement": agreement,
-                              "layers_fp32": kept_fp32, "all_int8_agreement": all_int8,
-                              "sensitivity": sensitivity})
+    return {"checked": True, "calibration": source, "agreement": agreement, "layers_fp32": kept_fp32,
+            "all_int8_agreement": all_int8, "sensitivity": sensitivity}
 
 
 INT8_CHECK_KEY = "distilkit_int8_check"
@@ -176,13 +191,12 @@ def int8_check(int8_path: Path) -> dict:
     return json.loads(props[INT8_CHECK_KEY]) if INT8_CHECK_KEY in props else {}
 
 
-def _record(int8_path: Path, check: dict) -> Path:
+def _record(int8_path: Path, check: dict) -> None:
     import onnx
 
     model = onnx.load(str(int8_path))
     onnx.helper.set_model_props(model, {INT8_CHECK_KEY: json.dumps(check)})
     onnx.save(model, str(int8_path))
-    return int8_path
 
 
 def int8_agreement(fp32: np.ndarray, int8: np.ndarray) -> float:
