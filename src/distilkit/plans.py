@@ -437,14 +437,14 @@ class Plans:
         lost), it is not the run the record describes; its students carry its scores (`teacher_best_dev`)."""
         record = self.plain_record(cell, metrics)
         text = json.dumps(record, indent=2)
-        if path.is_file() and path.read_text() != text:
-            kept = json.loads(path.read_text())
-            if dependency and kept["config"] == record["config"]:
-                print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
-                      f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
-                return
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+        old = path.read_text() if path.is_file() else None
+        if old == text:
+            return
+        if dependency and old is not None and (kept := json.loads(old))["config"] == record["config"]:
+            print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
+                  f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
+            return
+        path.write_text(text)
 
     def speed_record(self, cell: Cell, path: Path) -> None:
         """Deployment records: trained, then scored and timed beside the teacher in each missing format."""
