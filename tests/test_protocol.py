@@ -14,7 +14,7 @@ import pytest
 
 from distilkit.config import LENGTH_RULE, build_config, method_params
 from distilkit.data.tasks import named_task
-from distilkit.evaluate.against_teacher import check_teacher, constant_baseline
+from distilkit.evaluate.against_teacher import check_teacher, constant_baseline, teacher_scores
 from distilkit.evaluate.report import protocol_table
 from distilkit.plans import Plans, load_plan
 from distilkit.run import build_run, capped, held_out
@@ -60,6 +60,26 @@ def test_distill_warns_of_an_untrained_teacher_and_records_it(tmp_path, glue_dir
     assert check["student"] == metrics["best_scores"]["dev"]["accuracy"]  # then set beside the teacher
     assert check["student_at_or_above_teacher"] == (check["student"] >= check["teacher"])
     assert ("at or above its teacher" in done.stderr) == check["student_at_or_above_teacher"]
+
+
+def test_the_teacher_gives_its_targets_without_dropout_after_it_is_scored(glue_dir, tiny_teacher, tmp_path):
+    """With teacher.cache off every target is a live teacher pass, after the teacher was scored on dev: scoring
+    used to hand it back in training mode, so its targets carried dropout."""
+    import torch
+
+    from distilkit.models.features import FeatureRequest
+    run = build_run(build_config({
+        "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32},
+        "teacher": {"model": str(tiny_teacher), "cache": False}, "student": {"layers": 2, "init": "teacher_layers"},
+        "method": {"name": "kd"}, "train": {"mixed_precision": "no"}, "output": {"dir": str(tmp_path / "run")}}))
+    assert run.teacher.model.config.hidden_dropout_prob > 0
+    teacher_scores(run.teacher, run.eval_data, run.task, 16, None)
+    assert not run.teacher.model.training
+    dev = run.eval_data["dev"]
+    batch = dev.collate([dev[i] for i in range(8)])
+    run.teacher.model.train()  # whatever code touches the model next, its targets stay deterministic
+    first, second = (run.teacher.features(batch, FeatureRequest(logits=True)).logits for _ in range(2))
+    assert torch.equal(first, second)
 
 
 def test_a_student_at_or_above_its_teacher_is_said(capsys):

@@ -78,13 +78,19 @@ def teacher_scores(teacher, eval_data: dict, task, batch_size: int, cache_dir: P
         Path(cache_dir) / "teacher-scores" / f"{_scores_key(teacher, labeled, task)}.json"
     if path is not None and path.is_file():
         return json.loads(path.read_text())
-    scores = evaluate_splits(TransformerStudent(teacher.model), labeled, task, batch_size, teacher.mixed_precision)
+    scores = evaluate_splits(_as_student(teacher), labeled, task, batch_size, teacher.mixed_precision)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.tmp.{os.getpid()}")
         partial.write_text(json.dumps(scores, indent=1))
         partial.replace(path)  # a reader never sees half a file
     return scores
+
+
+def _as_student(teacher) -> TransformerStudent:
+    """The teacher behind the student interface the evaluators take, in eval mode: they restore the mode they
+    found, and a new wrapper starts in training mode, which would leave the teacher's dropout on for training."""
+    return TransformerStudent(teacher.model).eval()
 
 
 def _scores_key(teacher, labeled: dict, task) -> str:
@@ -152,7 +158,7 @@ def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size:
     labeled = labeled_splits(teacher, eval_data, task)
     if not labeled:
         return {}
-    teacher_model = TransformerStudent(teacher.model)
+    teacher_model = _as_student(teacher)
     split = next(iter(labeled))
     student_sample = EvenSample(labeled[split], THROUGHPUT_EXAMPLES)
     teacher_sample = EvenSample(labeled[split].teacher_reads, THROUGHPUT_EXAMPLES)  # the same examples

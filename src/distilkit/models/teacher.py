@@ -111,6 +111,7 @@ class Teacher:
             raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
         self.forward_passes += 1
+        self.model.eval()  # a frozen teacher's targets never carry dropout, whatever code handled the model before
         device = module_device(self.model)
         batch = to_device(batch, device)
         if inputs_embeds is not None:
