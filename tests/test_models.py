@@ -145,3 +145,26 @@ def test_a_pretrained_student_with_a_head_of_another_size_gets_a_new_head(tiny_t
     assert torch.equal(student.model.bert.encoder.layer[0].output.dense.weight,
                        teacher.model.bert.encoder.layer[0].output.dense.weight)
     assert "has a head of 2 outputs and task stsb needs 1: the head starts afresh" in caplog.text
+
+
+@pytest.mark.parametrize("init", ["teacher_layers", "pretrained"])
+def test_a_teacher_saved_in_half_precision_gives_an_fp32_student(init, tmp_path, tiny_teacher, glue_dir):
+    """transformers loads a checkpoint in the dtype it was saved in, and a config's dtype passes on to a model
+    built from it: a bf16 teacher made bf16 students, whose optimizer steps below bf16's resolution were lost."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    half = tmp_path / "bf16-teacher"
+    AutoModelForSequenceClassification.from_pretrained(tiny_teacher).to(torch.bfloat16).save_pretrained(half)
+    AutoTokenizer.from_pretrained(tiny_teacher).save_pretrained(half)
+    student = ["student.init=pretrained", f"student.pretrained={half}"] if init == "pretrained" else \
+        ["student.init=teacher_layers", "student.layers=2"]
+    sets = [f"data.dir={glue_dir}", f"teacher.model={half}", "method.name=kd", "train.max_steps=2",
+            "train.mixed_precision=no", "data.max_length=32", f"output.dir={tmp_path / 'run'}", *student]
+    result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    weights = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
+    assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["dtype"] == "float32"

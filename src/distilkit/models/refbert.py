@@ -248,7 +248,7 @@ class RefBERTStudent(TransformerStudent):
     def load(cls, directory: Path) -> RefBERTStudent:
         directory = Path(directory)
         config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-        model = AutoModelForSequenceClassification.from_config(config)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
         install_reference_attention(model, config.reference_width, config.reference_delta)
         model.load_state_dict(load_file(directory / "model.safetensors"))
         return cls(model.eval(), References.load(directory / REFERENCES_DIR))

@@ -139,7 +139,8 @@ class TransformerStudent(Student):
     @classmethod
     def load(cls, directory: Path) -> TransformerStudent:
         config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-        return cls(saved_head_class(config).from_pretrained(directory, trust_remote_code=False).eval())
+        return cls(saved_head_class(config).from_pretrained(directory, trust_remote_code=False,
+                                                            dtype=torch.float32).eval())
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
@@ -231,7 +232,7 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
                                   f"model's {family.config_names.get(knob) or knob}={pretrained_shape.get(knob)}; "
                                   "drop the shape or use init=random")
         try:
-            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False,
+            model = head_class(task).from_pretrained(path, config=config, trust_remote_code=False, dtype=torch.float32,
                                                      ignore_mismatched_sizes=new_head)
         except pickle.UnpicklingError:
             raise refused_pickle(path) from None
@@ -248,7 +249,9 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
     for key, value in labels.items():
         setattr(config, key, value)
     config.architectures = None
-    model = head_class(task).from_config(config)
+    # fp32 master weights even from a teacher saved in fp16/bf16 (its config's dtype would pass on to the student):
+    # optimizer steps below half precision's resolution would be lost, and fp16 gradients refused by the scaler
+    model = head_class(task).from_config(config, dtype=torch.float32)
     if chosen is not None:
         copy_teacher_layers(teacher_model, model, chosen)
     return TransformerStudent(model)

@@ -48,6 +48,7 @@ class Teacher:
             if not self.has_head and any(a.endswith("ForMaskedLM") for a in (config.architectures or [])):
                 # loaded with its MLM head (Teacher.mlm); the encoder below it is the teacher's model
                 masked_lm, loaded = AutoModelForMaskedLM.from_pretrained(self.path, trust_remote_code=trust_remote_code,
+                                                                         dtype=torch.float32,
                                                                          output_loading_info=True)
                 masked_lm.eval().to(device).requires_grad_(False)
                 self.model = masked_lm.base_model
@@ -59,7 +60,9 @@ class Teacher:
                     masked_lm = None
             else:
                 loader = HEAD_LOADERS[self.head] if self.has_head else AutoModel
-                self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code).eval().to(device)
+                # fp32 whatever dtype the checkpoint was saved in: run.precision sets the compute dtype by autocast
+                self.model = loader.from_pretrained(self.path, trust_remote_code=trust_remote_code,
+                                                    dtype=torch.float32).eval().to(device)
         except pickle.UnpicklingError:
             raise refused_pickle(self.path) from None
         self.model.requires_grad_(False)
