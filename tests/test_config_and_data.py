@@ -144,6 +144,24 @@ def test_custom_jsonl_and_csv(tmp_path):
     assert read_table(spec, csv_file)[0].texts == ("a, quoted",)
 
 
+def test_a_custom_tsv_is_read_as_pandas_writes_it(tmp_path):
+    """pandas and the csv module quote a field holding a quote, a tab or a line break; read unquoted (as GLUE's
+    files are), such a file trained on text with the quotes doubled."""
+    import pandas as pd
+
+    from distilkit.data.tasks import TaskSpec
+
+    spec = TaskSpec("custom", ("text",), "label", ("neg", "pos"), ("accuracy",))
+    texts = ['he said "wow", a must-see', "tab\there", "two\nlines", "plain"]
+    path = tmp_path / "d.tsv"
+    pd.DataFrame({"text": texts, "label": ["pos", "neg", "pos", "neg"]}).to_csv(path, sep="\t", index=False)
+    assert [e.texts[0] for e in read_table(spec, path)] == texts
+    short = tmp_path / "short.csv"
+    short.write_text("text,label\nfine,pos\nonly text\n")
+    with pytest.raises(DataError, match=r"short\.csv:3: expected 2 comma-separated fields, found 1"):
+        read_table(spec, short)
+
+
 def test_length_buckets_are_deterministic_complete_and_resumable():
     lengths = np.random.default_rng(0).integers(3, 60, size=203)
     sampler = LengthBucketBatchSampler(lengths, batch_size=16, seed=7, bucket_batches=4)

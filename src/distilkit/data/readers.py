@@ -219,22 +219,31 @@ def _read_table(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
                     raise DataError(f"{where}: expected a JSON object per line")
                 examples.append(_row_to_example(task, row, where, labeled))
         return examples
-    if suffix == ".csv":
-        examples = []
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None:
-                raise DataError(f"{path}: empty file")
-            _check_header(task, path, reader.fieldnames, labeled)
-            for line_no, row in enumerate(reader, start=2):
-                where = f"{path}:{line_no}"
-                if None in row:
-                    raise DataError(f"{where}: more fields than the header has")
-                examples.append(_row_to_example(task, row, where, labeled))
-        return examples
-    if suffix == ".tsv":
-        return read_tsv(task, path, labeled)
+    if suffix in (".csv", ".tsv"):
+        return _read_delimited(task, path, labeled, "," if suffix == ".csv" else "\t")
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv, .jsonl, .parquet, .arrow or .json")
+
+
+def _read_delimited(task: TaskSpec, path: Path, labeled: bool, delimiter: str) -> list[Example]:
+    """A user's .csv or .tsv, quoted as pandas and the csv module write them (a field holding the delimiter, a
+    quote or a line break is quoted); GLUE's own .tsv files are read unquoted (`read_tsv`)."""
+    csv.field_size_limit(sys.maxsize)
+    kind = "comma" if delimiter == "," else "tab"
+    examples = []
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file")
+        _check_header(task, path, header, labeled)
+        for fields in reader:
+            if not fields:
+                continue
+            where = f"{path}:{reader.line_num}"
+            if len(fields) != len(header):
+                raise DataError(f"{where}: expected {len(header)} {kind}-separated fields, found {len(fields)}")
+            examples.append(_row_to_example(task, dict(zip(header, fields)), where, labeled))
+    return examples
 
 
 # file suffix -> the `datasets` builder that reads it (.csv, .tsv and .jsonl have line-numbered readers)
