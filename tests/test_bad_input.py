@@ -183,6 +183,9 @@ CASES: dict[str, tuple] = {
     "classification metric on regression": (
         lambda w: w.distill("task.name=custom", "task.text_columns=[text]", "task.train_file=x.tsv",
                             "task.metrics=[accuracy]"), ["['accuracy']", "regression", "pearson"]),
+    "binary f1 on three labels": (
+        lambda w: w.distill("task.name=custom", "task.text_columns=[text]", "task.train_file=x.tsv",
+                            "task.labels=[a,b,c]", "task.metrics=[f1]"), ["f1", "3 labels", "macro_f1"]),
     "task.metrics on a GLUE task": (lambda w: w.distill("task.metrics=[f1]"), ["task.metrics", "custom tasks"]),
     "unlabeled task without corpus": (lambda w: w.distill("task.name=unlabeled"), ["data.corpus"]),
     "max_length too small": (lambda w: w.distill("data.max_length=4"), ["data.max_length", "8"]),

@@ -251,6 +251,16 @@ def test_correlation_of_a_constant_prediction_is_zero_not_nan():
     assert scores["pearson"] == pytest.approx(3 / np.sqrt(2 * 42 / 9)) and scores["spearman"] == pytest.approx(1.0)
 
 
+def test_macro_f1_is_the_mean_of_each_labels_f1_over_every_label():
+    from distilkit.data.tasks import TaskSpec
+    from distilkit.evaluate.metrics import compute_metrics
+
+    three = TaskSpec("custom", ("text",), "label", ("a", "b", "c"), ("macro_f1",))
+    logits = np.eye(3)[[0, 0, 1, 1]]  # predicted a, a, b, b; gold a, b, b, c
+    # by hand: a: precision 1/2, recall 1, F1 2/3; b: precision 1/2, recall 1/2, F1 1/2; c: never predicted, 0
+    assert compute_metrics(three, logits, np.array([0, 1, 1, 2])) == {"macro_f1": pytest.approx((2 / 3 + 1 / 2) / 3)}
+
+
 def test_rows_with_an_empty_text_are_kept_and_counted_in_a_warning(tmp_path, caplog):
     path = tmp_path / "train.tsv"
     path.write_text("question1\tquestion2\tis_duplicate\nHow old?\t\t0\nWhy?\tWhy not?\t1\n \tWhen?\t0\n")

@@ -59,7 +59,7 @@ def register_task_lookup(lookup: Callable[[str], Any]) -> None:
     _task_lookup = lookup
 
 
-CLASSIFICATION_METRICS = {"accuracy", "f1", "matthews"}
+CLASSIFICATION_METRICS = {"accuracy", "f1", "macro_f1", "matthews"}
 REGRESSION_METRICS = {"pearson", "spearman"}
 
 
@@ -69,7 +69,8 @@ class TaskConfig(StrictModel):
     text_columns: list[str] | None = None
     label_column: str = "label"
     labels: list[str] | None = None  # custom classification labels; null means regression
-    metrics: list[Literal["accuracy", "f1", "matthews", "pearson", "spearman"]] | None = None
+    # f1: of the second label (binary, as GLUE scores MRPC and QQP); macro_f1: the mean over the labels
+    metrics: list[Literal["accuracy", "f1", "macro_f1", "matthews", "pearson", "spearman"]] | None = None
     # a custom task's data: files (.tsv/.csv/.jsonl, or .parquet/.arrow/.json read by `datasets`) ...
     # (for squad / squad_v2: SQuAD-format JSON files used instead of <data>/squad/)
     train_file: str | None = None
@@ -102,6 +103,9 @@ class TaskConfig(StrictModel):
                 kind, fit = (("regression (no labels)", REGRESSION_METRICS) if self.labels is None
                              else ("classification", CLASSIFICATION_METRICS))
                 raise ValueError(f"task.metrics {wrong} do not apply to a {kind} task: use {sorted(fit)}")
+            if "f1" in (self.metrics or []) and self.labels is not None and len(self.labels) > 2:
+                raise ValueError(f"task.metrics f1 is binary F1 of one label, but the task has {len(self.labels)} "
+                                 "labels: use macro_f1 (the mean of each label's F1)")
         elif self.metrics is not None:
             raise ValueError(f"task.metrics is for custom tasks; {self.name} is scored with its own metrics: "
                              "drop task.metrics")

@@ -25,6 +25,9 @@ def compute_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> d
             scores[name] = float(accuracy_score(labels, predictions))
         elif name == "f1":
             scores[name] = float(f1_score(labels, predictions))
+        elif name == "macro_f1":
+            scores[name] = float(f1_score(labels, predictions, average="macro", labels=range(task.num_labels),
+                                            zero_division=0.0))
         elif name == "matthews":
             scores[name] = float(matthews_corrcoef(labels, predictions))
         elif name in ("pearson", "spearman"):
