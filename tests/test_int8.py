@@ -2,7 +2,9 @@
 Transformer layers in fp32 until it agrees (export.quantize_int8)."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,3 +176,33 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
     assert result.exit_code == 0, result.output
     check = int8_check(json.loads(result.stdout)["int8"])
     assert check["checked"] and check["calibration"] == "3 custom dev sentences"
+
+
+def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_base_model, monkeypatch):
+    """`distilkit evaluate` scored every classifier at 128 tokens, so one trained at another length disagreed
+    with its own metrics.json. A score (Pearson) shows any change of the inputs."""
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    rng = np.random.default_rng(0)
+    words = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
+
+    def sentence():  # longer than the 8 tokens it trains on
+        return " ".join(rng.choice(words, size=14))
+
+    monkeypatch.chdir(tmp_path)
+    Path("train.csv").write_text("text,score\n" + "".join(f"{sentence()},{rng.uniform(0, 5):.2f}\n" for _ in range(32)))
+    Path("dev.csv").write_text("text,score\n" + "".join(f"{sentence()},{rng.uniform(0, 5):.2f}\n" for _ in range(24)))
+    sets = ["task.name=custom", "task.text_columns=[text]", "task.label_column=score", "task.train_file=train.csv",
+            "task.dev_file=dev.csv", "method.name=finetune", "student.init=pretrained",
+            f"student.pretrained={tiny_base_model}", "train.max_steps=2", "train.mixed_precision=no",
+            "data.max_length=8", f"output.dir={tmp_path / 'run'}"]
+    run = CliRunner().invoke
+    result = run(app, ["distill"] + [a for s in sets for a in ("--set", s)])
+    assert result.exit_code == 0, result.output
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+    scored = json.loads(run(app, ["evaluate", str(tmp_path / "run" / "final")]).stdout)["metrics"]["dev"]
+    assert scored["pearson"] == pytest.approx(final["pearson"], abs=1e-6)
+    longer = json.loads(run(app, ["evaluate", str(tmp_path / "run" / "final"), "--max-length", "32"]).stdout)
+    assert longer["metrics"]["dev"]["pearson"] != pytest.approx(final["pearson"], abs=1e-6)  # the length matters

@@ -102,7 +102,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                                                           "trained on")] = None,
              data: Annotated[str | None, typer.Option(help="data folder holding glue/ (default $DISTILKIT_DATA)")] = None,
              split: Annotated[list[str] | None, typer.Option(help="split(s) to score; default dev")] = None,
-             max_length: Annotated[int | None, typer.Option(help="default 128; a SQuAD model: its training "
+             max_length: Annotated[int | None, typer.Option(help="default: the model's training "
                                                                  "max length")] = None,
              batch_size: int = 128,
              max_examples: Annotated[int | None, typer.Option(help="score a seeded subset of this many examples "
@@ -128,10 +128,9 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
             recorded = {"name": task, **{k: v for k, v in (recorded or {}).items() if k == "doc_stride"}}
         if recorded is None:
             raise ValueError(f"{model} does not record its task: pass --task")
-        spans = "doc_stride" in meta  # a SQuAD model reads windows of the length it trained on
         fields = apply_overrides(recorded, list(task_set or []))
         spec, settings = task_spec(task_config(fields)), DataConfig(dir=data)
-        length = max_length or (meta.get("max_length", 128) if spans else 128)
+        length = max_length or meta.get("max_length", 128)  # as trained, so the scores match metrics.json
         tokenizer = load_tokenizer(path)
         student = load_student(path)
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
