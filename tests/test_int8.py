@@ -74,6 +74,20 @@ def test_a_search_stopped_half_way_leaves_no_int8_file_to_reuse(tiny_regressor, 
     assert list(tmp_path.iterdir()) == []  # neither a trial model nor a half-made int8 file
 
 
+def test_a_trial_model_of_a_killed_search_is_removed_by_the_next_one(tiny_regressor, tmp_path):
+    """kill -9 skips the search's own clean-up: the next search removes a trial of a process that is gone and
+    keeps one of a search still running."""
+    import subprocess
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead_trial = tmp_path / f"model.int8.{gone.pid}.tmp.onnx"
+    live_trial = tmp_path / f"model.int8.{os.getppid()}.tmp.onnx"
+    dead_trial.write_bytes(b"trial")
+    live_trial.write_bytes(b"trial")
+    quantize_int8(tiny_regressor / "model.onnx", tmp_path / "model.int8.onnx", texts=TEXTS, min_agreement=0.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.int8.onnx", live_trial.name])
+
+
 def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regressor, tmp_path):
     fp32 = tiny_regressor / "model.onnx"
     all_int8 = int8_check(quantize_int8(fp32, tmp_path / "all.onnx", texts=TEXTS, min_agreement=0.0))["agreement"]

@@ -132,6 +132,7 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     # the search writes trial models; they go to a file of this process, moved into place once checked, so a
     # search killed half-way leaves no unchecked int8 file that a rerun would take for the finished one
     work = out_path.with_name(f"{out_path.stem}.{os.getpid()}.tmp{out_path.suffix}")
+    _remove_trials_of_dead_searches(out_path)
     try:
         check = _quantize_checked(onnx_path, work, str(out_path), Path(model_dir or onnx_path.parent), texts,
                                   min_agreement)
@@ -140,6 +141,25 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     finally:
         work.unlink(missing_ok=True)
     return out_path
+
+
+def _remove_trials_of_dead_searches(out_path: Path) -> None:
+    """A search killed with no chance to clean up (kill -9, power loss) leaves its trial model beside the int8 file:
+    never read again, but hundreds of MB each; one whose process is gone is removed."""
+    for trial in out_path.parent.glob(f"{out_path.stem}.*.tmp{out_path.suffix}"):
+        pid = trial.name[len(out_path.stem) + 1:-len(f".tmp{out_path.suffix}")]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            trial.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _quantize_checked(onnx_path: Path, out_path: Path, name: str, model_dir: Path,
