@@ -16,7 +16,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from distilkit.data.tasks import QA_TASKS
+from distilkit.data.tasks import QA_TASKS, is_score
 
 CARD_FILE = "README.md"
 
@@ -52,11 +52,6 @@ def command_line() -> str | None:
     return None
 
 
-def _is_score(metric: str) -> bool:
-    """SQuAD's scores come with counts (`total`: the questions scored) and chosen thresholds, not results."""
-    return not (metric == "total" or metric.endswith(("_total", "_threshold")))
-
-
 def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:
     task_type = "question-answering" if task in QA_TASKS else "text-classification"
     return [EvalResult(task_type=task_type, dataset_type=dataset or task, dataset_name=f"{task} {split}",
@@ -78,7 +73,7 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
                command: str | None = None, machine: str | None = None) -> ModelCard:
     """A card from a student's `distilkit.json` metadata and (when known) its run's metrics and config."""
     metrics = metrics or {}
-    scores = {split: {m: v for m, v in split_scores.items() if _is_score(m)} for split, split_scores in (scores or {}).items()}
+    scores = {split: {m: v for m, v in split_scores.items() if is_score(m)} for split, split_scores in (scores or {}).items()}
     task, method, teacher = metadata.get("task"), metadata.get("method"), metadata.get("teacher")
     paper = metadata.get("paper")
     qa = task in QA_TASKS  # extractive QA: a span head, scored by SQuAD's EM and F1

@@ -132,6 +132,17 @@ QA_TASKS: dict[str, TaskSpec] = {
                                       "dev": ("dev-v2.0.json", "dev-v2.0.reconstructed.json")}, **_QA),
 }
 
+
+def is_count(metric: str) -> bool:
+    """SQuAD's records carry the questions scored (`total`, `HasAns_total`, ...) beside its scores."""
+    return metric == "total" or metric.endswith("_total")
+
+
+def is_score(metric: str) -> bool:
+    """A result, not one of SQuAD v2.0's counts or chosen no-answer thresholds."""
+    return not (is_count(metric) or metric.endswith("_threshold"))
+
+
 # Task-agnostic distillation on a text corpus (data.corpus): one text column, no labels.
 UNLABELED = TaskSpec("unlabeled", ("text",), "", None, ("heldout_loss",), dev_splits=("heldout",), unlabeled=True)
 

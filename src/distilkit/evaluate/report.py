@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from distilkit.data.tasks import is_count
+
 FORMAT_NAMES = {"pytorch_fp32": "PyTorch fp32", "pytorch_bf16": "PyTorch bf16", "onnx_fp32": "ONNX fp32",
                 "onnx_int8": "ONNX int8"}
 
@@ -277,7 +279,7 @@ def runs_table(runs: dict[str, dict]) -> list[str]:
     lines = ["| run | student | main metric | best | dev metrics at best | params | epochs (steps) | train s | ex/s "
              "| teacher fwd |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
-        scores = ", ".join(f"{k} {v:.0f}" if k.endswith("total") else f"{k} {v:.4f}"  # SQuAD's question counts
+        scores = ", ".join(f"{k} {v:.0f}" if is_count(k) else f"{k} {v:.4f}"
                            for k, v in best_dev(r).items())
         lines.append(f"| {name} | {r['student']} | {r['best']['metric']} | {r['best']['score']:.4f} | {scores} | "
                      f"{r['params']['total'] / 1e6:.1f}M | {r['epochs']:g} ({r['steps']}) | {r['train_seconds']:.0f} | "
