@@ -21,6 +21,8 @@ Choices the paper leaves open, made here:
 - The pre-training stage (LRC-BERT vs LRC-BERT₁: COS-NCE only on unlabeled text) is this method with
   `first_stage_fraction: 1.0`: weights 1:0:0 throughout, and then `loss_terms` never reads labels or
   logits and the teacher needs no classification head (on an unlabeled corpus, task.name: unlabeled).
+- W of eq. (3) is one matrix per distilled layer pair: the equation writes W without a layer index, so one W
+  shared by every pair (as TinyBERT's W_h) is the other reading; it is untested here.
 - `intermediate_loss: mse` is the paper's BERT_M ablation (TinyBERT's hidden MSE instead of COS-NCE).
 
 The perturbation's default depends on the task: on for classification (the paper's), off for regression.

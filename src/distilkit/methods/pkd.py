@@ -6,10 +6,12 @@ student layers j = 1..M−1. PKD-Skip maps them to every k-th teacher layer, PKD
 M−1 teacher layers before the top one. The top layer is left to L_DS, as in the paper. When widths
 differ (the paper's students share the teacher's width) a learned projection maps the student's [CLS].
 
-Both terms at the scale the authors ran them, which their α, T and β were chosen for: L_DS is T²·KL (the
-released code's `KLDivLoss(...) * T * T`, whose "mean" reduction also divides by the number of classes; the
-equation's cross-entropy without T² has 1/T² of its gradient), and L_PT is the mean over layers and hidden
-units (`losses.pkd_patient_loss`). Read literally, β 100 on the summed eq. (4) was ~100x the label term at
+Both terms near the scale the authors ran them, which their α, T and β were chosen for: L_DS is T²·KL (the
+released code's `KLDivLoss(...) * T * T`; the equation's cross-entropy without T² has 1/T² of its gradient), and
+L_PT is the mean over layers and hidden units (`losses.pkd_patient_loss`). One departure: that code's "mean"
+reduction also divides the KL by the number of classes, which ours does not (batch mean only, as `kd`), so L_DS
+weighs C times the authors' (2× on two classes); the figures below were measured so, and the exact scale is
+untested. Read literally, β 100 on the summed eq. (4) was ~100x the label term at
 the first steps of S3-384 (384 units, 2 layers; benchmarks/results/protocol-dev/pkd-loss-scale.json) and PKD
 lost to labels only on SST-2 8k (−1.7 ± 1.1 points) and STS-B (−0.7 ± 0.1); at the authors' scale it gains
 +0.5 ± 0.7 and +0.0 ± 0.1, and MRPC F1 +1.3 ± 0.6 (was +0.7 ± 0.3; benchmarks/results/protocol-dev, group 3g).

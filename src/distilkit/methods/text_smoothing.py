@@ -4,6 +4,8 @@ Text smoothing (eq. 1-4): the teacher reads the input unmasked; from its last la
 MLM distribution MLM(t) = softmax(h_L·Eᵀ/t) (or the teacher's real MLM head, models/mlm.py), and
 the input words are mixed with it: t̃ = λ·t + (1−λ)·MLM(t) (losses.smooth_inputs). Only the top-k
 words per position are kept, renormalised (`top_k`), so a smoothed token is k+1 (word, weight) pairs.
+Special tokens ([CLS], [SEP]) and padding stay one-hot, a choice eq. 4 leaves open: the MLM was never trained to
+predict them, the head and pair structure are read from them, and at inference they are always exact.
 
 Student learning: the student reads t̃ as soft word ids — its input embedding is t̃·E_student —
 and learns the task labels. At inference it reads ordinary ids. The student starts from the

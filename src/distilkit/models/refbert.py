@@ -56,8 +56,11 @@ class ReferenceAttention(BertSelfAttention):
 
     def __init__(self, config, reference_width: int, delta: float):
         super().__init__(config)
-        self.reference_key = nn.Linear(reference_width, self.all_head_size)  # W_K of eq. (19)
-        self.reference_value = nn.Linear(reference_width, self.all_head_size)  # W_V of eq. (20)
+        # W_K of eq. (19) and W_V of eq. (20), with a bias the equations do not write (as the layer's own query, key
+        # and value have): it can shift every reference key at once, i.e. learn how much the reference is read;
+        # bias-free maps are untested here
+        self.reference_key = nn.Linear(reference_width, self.all_head_size)
+        self.reference_value = nn.Linear(reference_width, self.all_head_size)
         self.delta = delta
         # (x mask (B,T), Emb(r) (B,R,D_T), Hid(r) (B,R,D_T), r mask (B,R)), set for one forward pass
         self.reference: tuple[torch.Tensor, ...] | None = None
