@@ -208,6 +208,56 @@ def test_accelerate_cpu_launch_that_starts_one_process_is_refused(tmp_path, smal
     assert result.stdout == ""
 
 
+RECORD_FIRST_DRAWS = """
+import json, os, sys
+import torch
+from distilkit.cli import main
+from distilkit.train.distiller import Distiller
+
+real = Distiller._optimizer_step
+
+def record(self, *args, **kwargs):
+    path = os.path.join(os.environ["DRAWS_DIR"], f"rank-{self.accelerator.process_index}.json")
+    if not os.path.exists(path):  # what dropout or a negative sampler would draw at the first step
+        state = torch.get_rng_state()
+        with open(path, "w") as f:
+            json.dump(torch.rand(4).tolist(), f)
+        torch.set_rng_state(state)
+    return real(self, *args, **kwargs)
+
+Distiller._optimizer_step = record
+sys.argv = ["distilkit", *sys.argv[1:]]
+main()
+"""
+
+
+def test_each_process_draws_its_own_random_numbers_and_the_first_draws_those_of_one_process(tmp_path, small_glue,
+                                                                                              still_teacher):
+    """One seed on every process gave every process the same dropout masks and memory-bank negatives."""
+    script = tmp_path / "record.py"
+    script.write_text(RECORD_FIRST_DRAWS)
+    draws = {}
+    for name, launcher in (("one", [sys.executable]), ("two", torchrun())):
+        (tmp_path / name).mkdir()
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tiny_config(small_glue, still_teacher, tmp_path / name / "run", max_steps=1)))
+        result = launch(launcher, [str(script), "distill", str(path)], env={"DRAWS_DIR": str(tmp_path / name)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        draws[name] = {p.name: json.loads(p.read_text()) for p in (tmp_path / name).glob("rank-*.json")}
+    assert draws["two"]["rank-0.json"] == draws["one"]["rank-0.json"]
+    assert draws["two"]["rank-1.json"] != draws["two"]["rank-0.json"]
+
+
+def test_a_batch_smaller_than_the_process_count_is_refused_before_anything_is_written(tmp_path, small_glue,
+                                                                                      still_teacher):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(small_glue, still_teacher, tmp_path / "run", batch_size=1)))
+    result = launch(torchrun(), ["-m", "distilkit", "distill", str(path)])
+    assert result.returncode != 0
+    assert "train.batch_size 1 is smaller than the 2 processes" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 CRASH_AFTER_STEP_2 = """
 import os, sys
 from distilkit.cli import main

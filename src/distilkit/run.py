@@ -38,7 +38,7 @@ from distilkit.models.hub import cache_root
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
-from distilkit.train.distiller import Distiller, make_accelerator
+from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
 
@@ -271,6 +271,7 @@ def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
     accelerator = make_accelerator(config.train.mixed_precision)
+    check_batch_share(config.train.batch_size, accelerator.num_processes)  # before anything is written
     # one process decides about the output folder (and locks it); the others must not race it
     if not accelerator.is_main_process:
         return _run_built(config, accelerator, Path(config.output.dir))
@@ -284,12 +285,12 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     accelerator.wait_for_everyone()
     cache_seconds = 0.0
     if run.teacher_caches:
-        if accelerator.is_main_process:
-            start = time.perf_counter()
-            for cache in run.teacher_caches:  # each teacher's own entries
-                cache.ensure(run.teacher_source.request, config.eval.batch_size)
-            cache_seconds = time.perf_counter() - start
-        accelerator.wait_for_everyone()
+        # every process asks; the cache's file lock lets one fill it while the others wait on the lock (no timeout),
+        # then find it complete. A barrier here would end a fill longer than the process group's timeout
+        start = time.perf_counter()
+        for cache in run.teacher_caches:  # each teacher's own entries
+            cache.ensure(run.teacher_source.request, config.eval.batch_size)
+        cache_seconds = time.perf_counter() - start
 
     # the teacher scored before training, so a weak one is said before any time is spent on it
     scored = teacher_scores(run.teacher, run.eval_data, run.task, config.eval.batch_size,

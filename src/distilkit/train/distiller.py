@@ -164,6 +164,13 @@ def check_launch() -> None:
                           "processes) or `torchrun --nproc_per_node N -m distilkit ...`")
 
 
+def check_batch_share(batch_size: int, processes: int) -> None:
+    """Each process takes a share of every global batch; with fewer rows than processes some get none."""
+    if batch_size < processes:
+        raise LaunchError(f"train.batch_size {batch_size} is smaller than the {processes} processes, and each "
+                          "process takes a share of every batch: set train.batch_size to at least the process count")
+
+
 class TrainLog:
     """Loss terms (averaged over `log_every` steps) and evaluations, to log.jsonl, the trackers of
     train.report_to (train/tracking.py) and the progress bar; written by the main process only."""
@@ -246,7 +253,10 @@ class Distiller:
     def train(self) -> dict:
         """Trains to the end (resuming from the latest checkpoint), saves `final/`, and returns the summary."""
         cfg, acc = self.cfg.train, self.accelerator
-        torch.manual_seed(cfg.seed)
+        # a stream of its own per process (the first process's is the one-process run's): with one seed every process
+        # drew the same dropout masks and the same memory-bank negatives for its rows. The models are built and
+        # DDP copies process 0's weights, so nothing that must agree across processes is drawn from here on
+        torch.manual_seed(cfg.seed + acc.process_index)
         if cfg.compile:
             self.student.compile_layers()
         module = TrainModule(self.student, self.method)
@@ -338,8 +348,11 @@ class Distiller:
                 raise NonFiniteLoss(f"step {progress.step + 1}: the gradient norm is {norm}; training stopped before "
                                     "applying it (the last checkpoint and best/ are kept): lower "
                                     "train.learning_rate")
+        scale = acc.scaler.get_scale() if acc.scaler is not None else None
         optimizer.step()
-        if not optimizer.step_was_skipped:
+        # fp16: a step with an infinite gradient is skipped and the loss scale backs off. Read from the scale: with
+        # fused AdamW the scaler hands the check to the optimizer, and accelerate's step_was_skipped stays False
+        if scale is None or acc.scaler.get_scale() >= scale:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         return terms_sum
