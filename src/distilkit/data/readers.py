@@ -156,32 +156,9 @@ def _row_to_example(task: TaskSpec, row: dict, where: str, labeled: bool) -> Exa
 def read_tsv(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A GLUE-format tsv (no quoting, as the GLUE scripts and HF read them)."""
     try:
-        return _some(_read_tsv(task, path, labeled), path)
+        return _some(_read_delimited(task, path, labeled, "\t", glue=True), path)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
-
-
-def _read_tsv(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
-    csv.field_size_limit(sys.maxsize)
-    examples: list[Example] = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if task.headerless_columns:
-            header = list(task.headerless_columns)
-        else:
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path}: empty file")
-        _check_header(task, path, header, labeled)
-        first_line = 1 if task.headerless_columns else 2
-        for line_no, fields in enumerate(reader, start=first_line):
-            if not fields:
-                continue
-            where = f"{path}:{line_no}"
-            if len(fields) != len(header):
-                raise DataError(f"{where}: expected {len(header)} tab-separated fields, found {len(fields)}")
-            examples.append(_row_to_example(task, dict(zip(header, fields)), where, labeled))
-    return examples
 
 
 def _check_header(task: TaskSpec, path: Path, header: list[str], labeled: bool) -> None:
@@ -224,17 +201,21 @@ def _read_table(task: TaskSpec, path: Path, labeled: bool) -> list[Example]:
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .tsv, .csv, .jsonl, .parquet, .arrow or .json")
 
 
-def _read_delimited(task: TaskSpec, path: Path, labeled: bool, delimiter: str) -> list[Example]:
-    """A user's .csv or .tsv, quoted as pandas and the csv module write them (a field holding the delimiter, a
-    quote or a line break is quoted); GLUE's own .tsv files are read unquoted (`read_tsv`)."""
+def _read_delimited(task: TaskSpec, path: Path, labeled: bool, delimiter: str, glue: bool = False) -> list[Example]:
+    """Rows of a .tsv or .csv. A user's file is read with the quoting pandas and the csv module write (a field
+    holding the delimiter, a quote or a line break is quoted); GLUE's own files unquoted, as GLUE's scripts and
+    HF read them, and CoLA's without a header."""
     csv.field_size_limit(sys.maxsize)
     kind = "comma" if delimiter == "," else "tab"
-    examples = []
+    examples: list[Example] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        header = next(reader, None)
-        if header is None:
-            raise DataError(f"{path}: empty file")
+        reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if glue else csv.QUOTE_MINIMAL)
+        if glue and task.headerless_columns:
+            header = list(task.headerless_columns)
+        else:
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path}: empty file")
         _check_header(task, path, header, labeled)
         for fields in reader:
             if not fields:
