@@ -135,10 +135,11 @@ def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_
     spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2", "wnli": "teacher-wnli"},
             "cell": "{task}-{method}-{student}", "baseline": "finetune", "methods": ["kd", "lrc", "pkd"],
             "students": ["S"]}
+    runs["sst2-pkd-S"] = _record("sst2", 42, 0.70)  # one seed below labels only: no spread, so no ✗ yet
     lines = protocol_table(runs, spec)
     assert lines[1] == "S:"
     assert lines[5] == ("| sst2 | accuracy | 0.9000 | 0.8000 ± 0.0000 (88.9%) | +2.0 ± 1.0 (91.1%) "
-                        "| -10.0 ± 0.0 (77.8%) ✗ | – |")
+                        "| -10.0 ± 0.0 (77.8%) ✗ | -10.0 (77.8%, 1 seed) |")
     assert lines[6].startswith("| wnli | accuracy | 0.5000 **weak: below labels only** **weak: near the constant "
                                "0.5634** | 0.5600 ± 0.0000 (112.0%) | – |")
 
@@ -188,16 +189,16 @@ def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_mach
     assert [seed for seed, _, _ in paired(runs, "sst2-finetune-S", "sst2-kd-S")] == [1]
     spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2"}, "cell": "{task}-{method}-{student}",
             "baseline": "finetune", "methods": ["kd"], "students": ["S"]}
-    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8100 (90.0%) | +3.0 (93.3%, 1 seed) |"
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8100 (90.0%, 1 seed) | +3.0 (93.3%, 1 seed) |"
     runs["teacher-sst2"] = on("EPYC", runs["teacher-sst2"])  # retrained elsewhere: one labels-only student, no pair
-    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%) | – |"
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%, 1 seed) | – |"
     # most labels-only students ran on the Xeon, from the Xeon's retrained teacher: the row is theirs, with the
     # teacher's scores their records carry
     runs["sst2-finetune-S-seed2"] = on("Xeon", _record("sst2", 2, 0.79, teacher_best_dev={"accuracy": 0.88}))
     runs["sst2-kd-S-seed2"] = on("Xeon", _record("sst2", 2, 0.80))
     runs["sst2-finetune-S-seed1"]["teacher_best_dev"] = {"accuracy": 0.88}
-    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.8800 | 0.8000 ± 0.0141 (90.9%) | +2.0 ± 1.4 (93.2%, 2 seeds) |"
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.8800 | 0.8000 ± 0.0141 (90.9%, 2 seeds) | +2.0 ± 1.4 (93.2%, 2 seeds) |"
     # without the teacher's scores in their records the Xeon's students have no teacher here: the EPYC's row stays
     for name in ("sst2-finetune-S-seed1", "sst2-finetune-S-seed2"):
         del runs[name]["teacher_best_dev"]
-    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%) | – |"
+    assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%, 1 seed) | – |"

@@ -48,6 +48,7 @@ from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _descr
                               same_config)
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError
+from distilkit.train.checkpoint import atomic_write_text
 
 PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
 
@@ -340,7 +341,7 @@ class Plans:
     def config_path(self, cell: Cell) -> Path:
         path = Path(self.plan.output) / "configs" / f"{cell.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump_config(cell.config))
+        atomic_write_text(path, dump_config(cell.config))
         return path
 
     def step(self, step: Step) -> dict:
@@ -362,7 +363,7 @@ class Plans:
             if result.returncode != 0:
                 raise RunError(f"step {step.name} failed ({exit_reason(result.returncode)}): {command}")
             file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(result.stdout)
+            atomic_write_text(file, result.stdout)
         return json.loads(file.read_text())
 
     def referenced(self, step: Step) -> list[str]:
@@ -394,7 +395,7 @@ class Plans:
                 continue
             output = self.step(step)
             if records_dir:
-                (records_dir / f"{step.name.replace('/', '-')}.json").write_text(json.dumps(output, indent=2))
+                atomic_write_text(records_dir / f"{step.name.replace('/', '-')}.json", json.dumps(output, indent=2))
         return self.render()
 
     def render(self) -> dict[str, dict]:
@@ -444,7 +445,7 @@ class Plans:
             print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
                   f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
             return
-        path.write_text(text)
+        atomic_write_text(path, text)
 
     def speed_record(self, cell: Cell, path: Path) -> None:
         """Deployment records: trained, then scored and timed beside the teacher in each missing format."""
@@ -457,7 +458,7 @@ class Plans:
         teacher = self.teacher_record(cell)
         if record is None:
             record = self.train_record(cell, teacher)
-            path.write_text(json.dumps(record, indent=2))
+            atomic_write_text(path, json.dumps(record, indent=2))
         self.measure_formats(record, cell.config, path)
 
     def _dev(self, config: ExperimentConfig, model: Path):
@@ -492,7 +493,7 @@ class Plans:
                       "pytorch_fp32", dev, spec)}
         record["dev_score"] = record["dev"][spec.main_metric]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2))
+        atomic_write_text(path, json.dumps(record, indent=2))
         return record
 
     def train_record(self, cell: Cell, teacher: dict) -> dict:
@@ -558,7 +559,7 @@ class Plans:
             record["speed"]["formats"][fmt] = format_record(
                 fmt, student, teacher, dev, spec, student_dev, sentences=s.sentences, warmup=s.warmup,
                 throughput_sentences=s.throughput_sentences, batch_size=s.batch_size)
-            path.write_text(json.dumps(record, indent=2))
+            atomic_write_text(path, json.dumps(record, indent=2))
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:

@@ -38,6 +38,7 @@ from distilkit.models.hub import cache_root
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
+from distilkit.train.checkpoint import atomic_write_text
 from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
@@ -338,7 +339,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     if teacher_check:
         split_scores = metrics["best_scores"].get(teacher_check["split"], {})
         metrics["teacher_check"] = check_student_beat_teacher(teacher_check, split_scores.get(teacher_check["metric"]))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))  # its presence marks the run finished
     # a finished run is never resumed: its checkpoints (weights + optimizer state, ~3x the model) only take disk
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     share_students(out, config, metrics)

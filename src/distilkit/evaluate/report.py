@@ -255,6 +255,11 @@ def spread(values: list[float], points: bool = False, unit: int = 100) -> str:
     return mean if len(values) < 2 else f"{mean} ± {format(scale * statistics.stdev(values), sd_format)}"
 
 
+def seed_count(n: int) -> str:
+    """Said where fewer than the protocol's three seeds stand behind a figure."""
+    return "" if n >= 3 else f", {n} seed{'s' * (n > 1)}"
+
+
 def machine(records: list[dict]) -> str:
     """Every machine the records were measured on, in order of appearance."""
     seen = []
@@ -288,9 +293,11 @@ def runs_table(runs: dict[str, dict]) -> list[str]:
 
 
 def teacher_percent_table(runs: dict[str, dict], teachers: dict[str, str]) -> list[str]:
-    """Each task's teacher, then its students with their share of the teacher's score."""
+    """Each task's teacher, then its students with their share of the teacher's score: each student's own teacher
+    (the one its record names, as scored in its plan), else the task's."""
     lines = ["| run | method | params | main metric | best | final | % of teacher | epochs | train s | ex/s "
              "| teacher fwd |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    teacher_cells = set(teachers.values()) | {r["teacher_cell"] for r in runs.values() if r.get("teacher_cell")}
     for task, teacher_cell in teachers.items():
         teacher = runs.get(teacher_cell)
         if teacher is None:
@@ -299,8 +306,13 @@ def teacher_percent_table(runs: dict[str, dict], teachers: dict[str, str]) -> li
         for name, r in group:
             metric = r["best"]["metric"]
             final = next(iter(r["final"].values()))[metric] if r["final"] else float("nan")
-            pct = "100% (teacher)" if name == teacher_cell else \
-                f"{100 * r['best']['score'] / teacher['best']['score']:.1f}%"
+            own = (r.get("teacher_best_dev") or {}).get(metric)
+            if name in teacher_cells:
+                pct = "100% (teacher)"
+            elif isinstance(r.get("teacher"), list):
+                pct = "– (several teachers)"
+            else:
+                pct = f"{100 * r['best']['score'] / (own or teacher['best']['score']):.1f}%"
             lines.append(f"| {name} | {r['method']} | {r['params']['total'] / 1e6:.1f}M | {metric} | "
                          f"{r['best']['score']:.4f} | {final:.4f} | {pct} | {r['epochs']:g} | {r['train_seconds']:.0f} | "
                          f"{r['examples_per_second']:.0f} | {r['teacher_forward_passes']} |")
@@ -406,7 +418,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             if weak:
                 flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
-                   f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%)"]
+                   f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%{seed_count(len(baseline))})"]
             for method in spec["methods"]:
                 found = [f for f in paired(runs, cell(spec["baseline"]), cell(method)) if f[0] in labels]
                 if not found:
@@ -414,10 +426,10 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
                     continue
                 ours = [score(b, metric) for _, _, b in found]
                 gains = [y - score(a, metric) for (_, a, _), y in zip(found, ours)]
-                sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
-                mark = " ✗" if statistics.mean(gains) + sd < 0 else ""
-                seeds = "" if len(found) >= 3 else f", {len(found)} seed{'s' * (len(found) > 1)}"
-                row.append(f"{spread(gains, points=True)} ({100 * statistics.mean(ours) / top:.1f}%{seeds}){mark}")
+                # below by more than one sd: a judgement that needs a spread, so two seeds at least
+                mark = " ✗" if len(gains) > 1 and statistics.mean(gains) + statistics.stdev(gains) < 0 else ""
+                row.append(f"{spread(gains, points=True)} ({100 * statistics.mean(ours) / top:.1f}%"
+                           f"{seed_count(len(found))}){mark}")
             rows.append("| " + " | ".join(row) + " |")
         if rows:
             lines += ["", spec["caption"].format(student=student), "",

@@ -29,7 +29,8 @@ class CheckpointError(ValueError):
     """No usable checkpoint to resume from, naming the damaged file."""
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Written whole or not at all: a reader (another bench process) or a kill never leaves half a file."""
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(text)
     with open(tmp, "rb+") as f:
@@ -86,7 +87,7 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _atomic_write_text(root / "latest", name)
+    atomic_write_text(root / "latest", name)
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
