@@ -37,6 +37,19 @@ def test_examples_sharing_the_mlm_batches_get_the_candidates_each_gets_alone(tin
     assert sum(len(c) > 0 for per_text in together[2] for c in per_text) == 14  # every word of one piece
 
 
+def test_a_pair_cut_to_the_teachers_length_gives_each_text_its_own_candidates(tiny_teacher):
+    """Truncation cuts the longer text of a pair: its last words get no candidates, and the other text's words get
+    the candidates of their own masks (they were handed the cut words' candidates before)."""
+    candidates = Candidates(str(tiny_teacher), k=3)
+    assert candidates.max_length == 64  # the tiny teacher's positions
+    long_text = " ".join(["good", "film", "and", "dull", "plot"] * 20)  # 100 words, each one piece
+    options = candidates.for_examples([(long_text, "a boring story")])[0]
+    assert all(len(c) == 3 for c in options[1])  # the short text, whole
+    assert sum(len(c) > 0 for c in options[0]) < 64 and not options[0][-1]  # cut: its end has no candidates
+    alone = candidates.for_examples([("a boring story",)])[0][0]
+    assert len(alone) == 3 and all(len(c) == 3 for c in alone)
+
+
 def test_embedding_neighbour_candidates(tiny_teacher):
     candidates = Candidates(str(tiny_teacher), k=2, source="embeddings")
     table = candidates.unit_embeddings
@@ -87,6 +100,18 @@ def test_augmented_set_is_cached_and_unlabelled(tmp_path, tiny_teacher, monkeypa
     assert augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path) == first
     assert len(augmented_examples(EXAMPLES, cfg.model_copy(update={"max_examples": 3}), str(tiny_teacher),
                                   tmp_path)) == 3
+
+
+def test_a_cap_on_the_transfer_set_keeps_copies_of_every_part_of_the_data(tmp_path, tiny_teacher):
+    """Copies are written example by example: the first lines up to the cap were copies of the first examples."""
+    examples = [Example((f"{a} film and {b} plot",), None) for a in ("good", "dull", "fun", "weak")
+                for b in ("the", "a", "this", "really", "quite")]  # 20 examples
+    cfg = AugmentConfig(copies=8, candidates=3)
+    every = augmented_examples(examples, cfg, str(tiny_teacher), tmp_path)[20:]
+    capped = augmented_examples(examples, cfg.model_copy(update={"max_examples": 40}), str(tiny_teacher), tmp_path)
+    assert capped[:20] == [Example(e.texts, None) for e in examples] and len(capped) == 40
+    kept = [every.index(c) for c in capped[20:]]
+    assert kept == sorted(kept) and kept[-1] > len(every) // 2  # in file order, from the second half too
 
 
 def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_teacher):

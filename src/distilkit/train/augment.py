@@ -43,6 +43,7 @@ from distilkit.data.readers import DataError, Example
 from distilkit.models.mlm import word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
+from distilkit.train.preflight import usable_positions
 
 MASK_STRIDE = 7
 # examples whose masked variants share the MLM's batches: on a GPU, many (one example gives at most 7 variants);
@@ -78,6 +79,8 @@ class Candidates:
         self.vocab = vocab
         self.glove = GloveNeighbours(Path(vectors), k) if vectors else None
         self.source = source
+        # a masked text is read up to 256 tokens, or the teacher's positions when fewer
+        self.max_length = min(256, usable_positions(self.teacher.model.config) or 256)
         if source == "embeddings":
             self.unit_embeddings = torch.nn.functional.normalize(word_embeddings(self.teacher.model).float(), dim=-1)
 
@@ -111,14 +114,20 @@ class Candidates:
         groups = [same[i: i + self.batch_size] for same in by_arity for i in range(0, len(same), self.batch_size)]
         for group in groups:
             batch = self.tokenizer(*[list(c) for c in zip(*(texts for _, texts, _ in group))], padding=True,
-                                   truncation=True, max_length=256, return_tensors="pt")
+                                   truncation=True, max_length=self.max_length, return_tensors="pt")
             hidden = self.teacher.model.base_model(**batch.to(self.device)).last_hidden_state
             for row, (n, _, chosen) in enumerate(group):
-                positions = (batch["input_ids"][row] == self.tokenizer.mask_token_id).nonzero().flatten()
-                # masks appear in word order; truncation may have dropped the last ones
-                logits = self.teacher.mlm.logits(hidden[row, positions]).float()
+                masks = (batch["input_ids"][row] == self.tokenizer.mask_token_id).nonzero().flatten().tolist()
+                text_of = batch.sequence_ids(row)
+                # within each text the masks come in word order; truncation cuts the end of a text (of the longer
+                # one of a pair), so its last masked words have no mask left and get no candidates
+                places = [pair for ti in sorted({t for t, _ in chosen})
+                          for pair in zip([c for c in chosen if c[0] == ti], [m for m in masks if text_of[m] == ti])]
+                if not places:
+                    continue
+                logits = self.teacher.mlm.logits(hidden[row, [m for _, m in places]]).float()
                 logits[:, ~self.allowed] = float("-inf")
-                for (ti, wi), best in zip(chosen, logits.topk(self.k + 1).indices.tolist()):
+                for ((ti, wi), _), best in zip(places, logits.topk(self.k + 1).indices.tolist()):
                     original = split[n][ti][wi].lower()
                     outs[n][ti][wi] = [w for w in (self.vocab[i] for i in best) if w != original][: self.k]
         if self.glove is not None:
@@ -207,8 +216,8 @@ def _cache_key(examples: list[Example], cfg: AugmentConfig, model_fingerprint: s
 
 def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path,
                        device: torch.device | str = "cpu") -> list[Example]:
-    """Originals then copies, without labels, capped to cfg.max_examples; computed once (on `device`, the
-    run's accelerator) and cached."""
+    """Originals then copies, without labels, capped to cfg.max_examples (the originals, then a seeded sample of
+    the copies); computed once (on `device`, the run's accelerator) and cached."""
     candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
     path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
     if not path.is_file():
@@ -236,5 +245,10 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
         print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
     with open(path, encoding="utf-8") as f:
         copies = [Example(tuple(json.loads(line)), None) for line in f]
-    transfer = [Example(e.texts, None) for e in examples] + copies
+    originals = [Example(e.texts, None) for e in examples]
+    if cfg.max_examples and len(originals) + len(copies) > cfg.max_examples:
+        # a seeded sample of the copies, in file order: the first n lines were the copies of the first examples only
+        room = max(cfg.max_examples - len(originals), 0)
+        copies = [copies[i] for i in sorted(random.Random(cfg.seed).sample(range(len(copies)), room))]
+    transfer = originals + copies
     return transfer[: cfg.max_examples] if cfg.max_examples else transfer
