@@ -73,6 +73,19 @@ def test_corpus_example_ids_are_unique_across_chunks_and_stable_across_passes(tm
         assert len(served) > 0.8 * len(every) and all(every[text] == i for text, i in served.items())
 
 
+def test_corpus_files_of_one_name_in_two_folders_give_their_examples_other_ids(tmp_path, tiny_base_model):
+    """The ids key CoDIR-Pre's memory bank: a/part0.txt and b/part0.txt once shared them, so two texts one row."""
+    tokenizer = BertTokenizerFast.from_pretrained(tiny_base_model)
+    files = [write_corpus(tmp_path / folder / "part0.txt", documents=20, seed=seed)
+             for seed, folder in ((0, "a"), (1, "b"))]
+    corpus = TextCorpus(files, tokenizer, max_length=32, heldout_fraction=0.0)
+    assert corpus.file_keys == ["a/part0.txt", "b/part0.txt"]
+    ids = [i for b, _, _ in corpus.batches(4, 0, 0, None) for i in b["example_ids"].tolist()]
+    assert len(ids) == len(set(ids))
+    alone = TextCorpus([files[0]], tokenizer, max_length=32, heldout_fraction=0.0)
+    assert alone.file_keys == ["part0.txt"]  # one file: its name, wherever the corpus lies
+
+
 # ------------------------------------------------------------------------------------------ CoDIR
 
 

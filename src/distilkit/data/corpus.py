@@ -3,8 +3,9 @@
 Files hold one paragraph (or one document) per line; a blank line ends a document. The corpus is
 read in chunks of about `chunk_lines` lines that always end at a document boundary, so no more
 than one chunk is ever in memory. Each chunk is sentence-split (pysbd), cut into examples, and
-served as shuffled, length-bucketed batches. No batch is short: the few examples left over at the end of a
-chunk are dropped (unless the chunk has no full batch, as in a tiny corpus), so each step sees at least
+served as shuffled, length-bucketed batches. No batch is short: the few examples left over (a chunk's size modulo
+the batch size, drawn at random, so not always its shortest) are dropped (unless the chunk has no full batch, as
+in a tiny corpus), so each step sees at least
 `batch_size` examples and in-batch negatives (LRC-BERT, CoDIR-Pre) always exist; a lone leftover example once
 stopped an LRC pre-training run at step ~930.
 
@@ -30,9 +31,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset
@@ -85,9 +88,10 @@ def _holds_no_text(path: Path) -> bool:
         return not any(line.strip() for line in f)
 
 
-def corpus_example_id(file: Path, offset: int, index: int) -> int:
-    """A stable id for the index-th example of the chunk at `offset` of `file` (module docstring)."""
-    digest = hashlib.blake2b(repr((Path(file).name, offset, index)).encode(), digest_size=8).digest()
+def corpus_example_id(file_key: str, offset: int, index: int) -> int:
+    """A stable id for the index-th example of the chunk at `offset` of a file (module docstring); `file_key` is
+    the file's path below the corpus's common folder, so the ids do not depend on where the corpus lies."""
+    digest = hashlib.blake2b(repr((file_key, offset, index)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -110,6 +114,9 @@ class TextCorpus:
         self.files = [Path(f) for f in files]
         for path in self.files:
             check_text_file(path)
+        # a/part0.txt and b/part0.txt are two files: named by their path below the common folder (one file: its name)
+        root = Path(os.path.commonpath([p.resolve().parent for p in self.files]))
+        self.file_keys = [p.resolve().relative_to(root).as_posix() for p in self.files]
         if all(_holds_no_text(path) for path in self.files):
             raise DataError(f"every corpus file is empty or blank ({', '.join(map(str, self.files[:3]))}"
                             f"{', ...' if len(self.files) > 3 else ''}): point data.corpus.files at text")
@@ -239,16 +246,19 @@ class TextCorpus:
             dataset = self._dataset(self._examples(train))
             if dataset is None:
                 continue
-            sampler = LengthBucketBatchSampler(dataset.lengths, batch_size, stable_seed(seed, epoch, file_index, offset),
-                                               min_batch=min_batch)
-            chunk_batches = sampler.epoch_batches(0)
-            chunk_batches = [b for b in chunk_batches if len(b) >= batch_size] or chunk_batches
+            n = len(dataset.lengths)
+            # the leftover is drawn before bucketing: dropped after it, it was always the chunk's shortest examples
+            kept = np.arange(n) if n <= batch_size else np.sort(np.random.default_rng(
+                stable_seed(seed, epoch, file_index, offset, "leftover")).permutation(n)[: n - n % batch_size])
+            sampler = LengthBucketBatchSampler(dataset.lengths[kept], batch_size,
+                                               stable_seed(seed, epoch, file_index, offset), min_batch=min_batch)
+            chunk_batches = [[int(kept[i]) for i in b] for b in sampler.epoch_batches(0)]
             start = position["batch"] if (file_index, offset) == (position["file"], position["offset"]) else 0
             for number, indices in enumerate(chunk_batches[start:], start=start + 1):
                 if pending is not None:
                     yield pending[0], pending[1], False
                 batch = dataset.collate([dataset[i] for i in indices])
-                batch["example_ids"] = torch.tensor([corpus_example_id(self.files[file_index], offset, i)
+                batch["example_ids"] = torch.tensor([corpus_example_id(self.file_keys[file_index], offset, i)
                                                      for i in indices], dtype=torch.long)
                 pending = (batch, {"file": file_index, "offset": offset, "batch": number})
                 served_any = True
