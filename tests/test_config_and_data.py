@@ -123,6 +123,10 @@ def test_headerless_cola_and_real_mrpc_bom_header(tmp_path):
     path.write_text("gj04\t1\t\tThe sailors rode the breeze clear of the rocks.\ngj04\t0\t*\tThe more.\n")
     examples = read_tsv(glue_task("cola"), path)
     assert [e.label for e in examples] == [1, 0]
+    assert [e.texts for e in examples] == [("The sailors rode the breeze clear of the rocks.",), ("The more.",)]
+    test = tmp_path / "test.tsv"  # CoLA's test split has a header of its own
+    test.write_text("index\tsentence\n0\tBill whistled past the house.\n")
+    assert [e.texts for e in read_tsv(glue_task("cola"), test, labeled=False)] == [("Bill whistled past the house.",)]
     mrpc = tmp_path / "mrpc.tsv"
     mrpc.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b .\tA c .\n")
     assert read_tsv(glue_task("mrpc"), mrpc)[0].texts == ("A b .", "A c .")

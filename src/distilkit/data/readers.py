@@ -12,6 +12,7 @@ text are kept (GLUE's QQP train set has some) and counted in a warning.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import os
@@ -210,14 +211,15 @@ def _read_delimited(task: TaskSpec, path: Path, labeled: bool, delimiter: str, g
     examples: list[Example] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if glue else csv.QUOTE_MINIMAL)
-        if glue and task.headerless_columns:
-            header = list(task.headerless_columns)
-        else:
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path}: empty file")
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file")
+        rows = reader
+        if glue and task.headerless_columns and not set(task.text_columns) <= set(header):
+            # CoLA's train and dev have no header (its test.tsv has one): the first line is a row
+            header, rows = list(task.headerless_columns), itertools.chain([header], reader)
         _check_header(task, path, header, labeled)
-        for fields in reader:
+        for fields in rows:
             if not fields:
                 continue
             where = f"{path}:{reader.line_num}"
