@@ -2,6 +2,7 @@
 (records, skipping finished cells and formats), and GLUE submission files."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +318,13 @@ def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabula
     report = (tmp_path / "results" / "report.md").read_text()
     row = next(line for line in report.splitlines() if line.startswith("| sst2 | accuracy |"))
     assert "±" in row and "–" not in row  # the labels-only student and kd's paired gain, over both seeds
+    # the teacher retrained after its students: the timed student is retrained too, not kept as "finished"
+    teacher_metrics = tmp_path / "work" / "teachers" / "sst2" / "metrics.json"
+    os.utime(teacher_metrics)
+    Plans(load_plan(path), path).run()
+    for cell in ("sst2-kd-L2", "sst2-kd-L2-seed7"):
+        run = Path(json.loads((tmp_path / "results" / "records" / f"{cell}.json").read_text())["dir"])
+        assert (run / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime, cell
 
 
 def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):

@@ -452,6 +452,8 @@ class Plans:
         record = json.loads(path.read_text()) if path.is_file() else None
         if record is not None and record["config"] != cell.config.model_dump(mode="json"):
             record = None  # the cell changed: its record is redone from the new run
+        if record is not None and (cell.dir / "metrics.json").is_file() and not self.finished(cell):
+            record = None  # its run is stale (its teacher finished later): retrained, its record redone
         if record is not None and all(fmt in record["speed"]["formats"] for fmt in self.plan.speed.formats):
             print(f"[plan] {cell.name}: finished, skipped", file=sys.stderr)
             return
