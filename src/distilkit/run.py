@@ -6,7 +6,6 @@ environment, per-step logs and the final metrics.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import logging
@@ -170,12 +169,11 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
         train_examples, held_out_dev = training_examples(config, task)
-        if config.data.augment is not None:  # the main process builds the cached set; the others read it
-            with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
-                train_examples = augmented_examples(train_examples, config.data.augment,
-                                                    config.data.augment.model or config.teacher.first,
-                                                    cache_root(config.teacher.cache_dir),
-                                                    accelerator.device if accelerator is not None else "cpu")
+        if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
+            train_examples = augmented_examples(train_examples, config.data.augment,
+                                                config.data.augment.model or config.teacher.first,
+                                                cache_root(config.teacher.cache_dir),
+                                                accelerator.device if accelerator is not None else "cpu")
         elif not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
         if teacher_tokenizer is not None:

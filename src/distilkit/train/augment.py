@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from distilkit.config import AugmentConfig
 from distilkit.data.readers import DataError, Example
@@ -220,29 +221,10 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
     the copies); computed once (on `device`, the run's accelerator) and cached."""
     candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
     path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
-    if not path.is_file():
-        start = time.perf_counter()
-        p = probabilities(cfg)
-        rng = random.Random(cfg.seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            per_pass = EXAMPLES_PER_PASS["cpu" if candidates.device.type == "cpu" else "accelerator"]
-            for first in range(0, len(examples), per_pass):
-                chunk = examples[first: first + per_pass]
-                for example, options in zip(chunk, candidates.for_examples([e.texts for e in chunk])):
-                    words = [t.split() for t in example.texts]
-                    seen = {example.texts}
-                    for _ in range(cfg.copies):
-                        copy = altered_copy(words, options, p, candidates.tokenizer.mask_token, rng)
-                        if copy not in seen:  # identical copies add nothing (Tang et al. keep unique ones)
-                            seen.add(copy)
-                            out.write(json.dumps(copy) + "\n")
-        os.replace(tmp, path)
-        seconds = time.perf_counter() - start
-        path.with_suffix(".json").write_text(json.dumps({"examples": len(examples), "seconds": round(seconds, 1),
-                                                         "settings": cfg.model_dump(), "model": mlm_model}))
-        print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):  # one process builds the set; the others (several processes) wait, then read it
+        if not path.is_file():
+            _write_augmented(examples, cfg, candidates, path, mlm_model)
     with open(path, encoding="utf-8") as f:
         copies = [Example(tuple(json.loads(line)), None) for line in f]
     originals = [Example(e.texts, None) for e in examples]
@@ -252,3 +234,29 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
         copies = [copies[i] for i in sorted(random.Random(cfg.seed).sample(range(len(copies)), room))]
     transfer = originals + copies
     return transfer[: cfg.max_examples] if cfg.max_examples else transfer
+
+
+def _write_augmented(examples: list[Example], cfg: AugmentConfig, candidates: Candidates, path: Path,
+                     mlm_model: str) -> None:
+    """The copies, written to a file of this process and moved into place whole: a reader never sees half a set."""
+    start = time.perf_counter()
+    p = probabilities(cfg)
+    rng = random.Random(cfg.seed)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        per_pass = EXAMPLES_PER_PASS["cpu" if candidates.device.type == "cpu" else "accelerator"]
+        for first in range(0, len(examples), per_pass):
+            chunk = examples[first: first + per_pass]
+            for example, options in zip(chunk, candidates.for_examples([e.texts for e in chunk])):
+                words = [t.split() for t in example.texts]
+                seen = {example.texts}
+                for _ in range(cfg.copies):
+                    copy = altered_copy(words, options, p, candidates.tokenizer.mask_token, rng)
+                    if copy not in seen:  # identical copies add nothing (Tang et al. keep unique ones)
+                        seen.add(copy)
+                        out.write(json.dumps(copy) + "\n")
+    os.replace(tmp, path)
+    seconds = time.perf_counter() - start
+    path.with_suffix(".json").write_text(json.dumps({"examples": len(examples), "seconds": round(seconds, 1),
+                                                     "settings": cfg.model_dump(), "model": mlm_model}))
+    print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
