@@ -320,8 +320,12 @@ def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabula
     assert "±" in row and "–" not in row  # the labels-only student and kd's paired gain, over both seeds
     # the teacher retrained after its students: the timed student is retrained too, not kept as "finished"
     teacher_metrics = tmp_path / "work" / "teachers" / "sst2" / "metrics.json"
+    for weights in teacher_metrics.parent.rglob("*.safetensors"):
+        os.utime(weights)
     os.utime(teacher_metrics)
+    scored = json.loads((tmp_path / "work" / "teachers" / "sst2.record.json").read_text())["weights_mtime_ns"]
     Plans(load_plan(path), path).run()
+    assert json.loads((tmp_path / "work" / "teachers" / "sst2.record.json").read_text())["weights_mtime_ns"] > scored
     for cell in ("sst2-kd-L2", "sst2-kd-L2-seed7"):
         run = Path(json.loads((tmp_path / "results" / "records" / f"{cell}.json").read_text())["dir"])
         assert (run / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime, cell

@@ -486,13 +486,18 @@ class Plans:
             raise FileNotFoundError(f"teacher of {cell.name} not found at {model}")
         task = cell.config.task.name
         path = Path(self.plan.output) / "teachers" / f"{task}.record.json"
+        onnx = Path(self.plan.output) / "onnx" / f"teacher-{task}"
+        stamp = max((f.stat().st_mtime_ns for f in model.glob("*.safetensors")), default=0)
         if path.is_file():
-            return json.loads(path.read_text())
+            kept = json.loads(path.read_text())
+            # the same teacher: same folder, same weights (a record from before the stamp is trusted on its folder)
+            if kept["path"] == str(model) and kept.get("weights_mtime_ns", stamp) == stamp:
+                return kept
+            shutil.rmtree(onnx, ignore_errors=True)  # another teacher's export and int8 search
         spec, split, dev = self._dev(cell.config, model)
-        record = {"name": self.plan.speed.teacher_name, "path": str(model), "split": split,
+        record = {"name": self.plan.speed.teacher_name, "path": str(model), "weights_mtime_ns": stamp, "split": split,
                   "metric": spec.main_metric, **size_record(model, float(dev.lengths.mean())),
-                  "dev": Deployment(model, Path(self.plan.output) / "onnx" / f"teacher-{task}").dev_scores(
-                      "pytorch_fp32", dev, spec)}
+                  "dev": Deployment(model, onnx).dev_scores("pytorch_fp32", dev, spec)}
         record["dev_score"] = record["dev"][spec.main_metric]
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(record, indent=2))

@@ -24,10 +24,24 @@ def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
 
 
 def _by_task(records: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = defaultdict(list)
+    """Records by task and by teacher: a task's students of a retrained (or another) teacher get a section of their
+    own, under their own teacher's scores ("sst2, teacher 2")."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r["task"], r["method"], r["student"])):
-        groups[record["task"]].append(record)
-    return groups
+        teacher = record["teacher"]
+        groups[(record["task"], teacher["path"], teacher["dev_score"])].append(record)
+    return {(task if n == 1 else f"{task}, teacher {n}"): group
+            for ((task, _, _), group), n in zip(groups.items(), _counts(list(groups)))}
+
+
+def _counts(keys: list[tuple]) -> list[int]:
+    """The running number of each key's task among the keys (1 for a task's first teacher)."""
+    seen: dict[str, int] = defaultdict(int)
+    numbers = []
+    for task, *_ in keys:
+        seen[task] += 1
+        numbers.append(seen[task])
+    return numbers
 
 
 def results_table(records: list[dict]) -> list[str]:
@@ -212,7 +226,7 @@ def render_report(records: list[dict], out_dir: Path, title: str = "Benchmark", 
                   f"{_fmt(flops / 1e9 if flops else None)} GFLOPs/seq. "
                   f"Train set: {group[0]['train_examples_in_set']:,} examples; seed {group[0]['seeds']['train']}.",
                   "", *results_table(group), "", "Speed:", "", *speed_table(group), ""]
-        loss_plot = f"loss_{task}.png"
+        loss_plot = f"loss_{task.replace(', teacher ', '-teacher')}.png"
         plots[loss_plot] = plot_loss_curves(group, out_dir / loss_plot)
         lines += [f"![loss curves, {task}]({loss_plot})", ""]
     lines += ["## Commands", "", "```sh", *([command] if command else sorted({r["bench_command"] for r in records})),
