@@ -88,6 +88,20 @@ def test_student_from_teacher_layers_copies_weights(tiny_teacher):
     assert torch.equal(transformer_layers(first.model)[1].output.dense.weight, t_layers[1].output.dense.weight)
 
 
+def test_student_from_the_layers_of_a_teacher_without_a_head_copies_its_embeddings(tiny_base_model):
+    """A pretrained checkpoint as teacher (no task head) is the bare encoder, its weights named without the
+    student's "bert." prefix: the layers were copied, the embeddings and pooler silently left random."""
+    teacher = Teacher(str(tiny_base_model), glue_task("sst2"))
+    assert not teacher.has_head
+    student = build_student(StudentConfig(layers=2, init="teacher_layers"), teacher.model, glue_task("sst2"))
+    copied = {f"bert.{name}": tensor for name, tensor in teacher.model.state_dict().items()
+              if not name.startswith("encoder.layer.")}
+    s_state = student.model.state_dict()
+    assert copied and all(torch.equal(s_state[name], tensor) for name, tensor in copied.items())
+    assert torch.equal(transformer_layers(student.model)[1].output.dense.weight,
+                       transformer_layers(teacher.model)[3].output.dense.weight)  # uniform map: layers 2 and 4
+
+
 def test_student_shapes_and_clear_errors(tiny_teacher):
     teacher = Teacher(str(tiny_teacher), glue_task("sst2"))
     narrow = build_student(StudentConfig(layers=2, hidden=16, heads=4, ffn=32, init="random"), teacher.model,

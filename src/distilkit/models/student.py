@@ -292,11 +292,19 @@ def copy_teacher_layers(teacher: PreTrainedModel, student: PreTrainedModel, chos
         for s_index, t_index in enumerate(chosen):
             source, target = t_layers[t_index - 1].state_dict(), s_layers[s_index].state_dict()
             s_layers[s_index].load_state_dict({k: v for k, v in source.items() if k in target}, strict=False)
-        s_state = student.state_dict()
-        layer_free = {k: v for k, v in teacher.state_dict().items()
-                      if k in s_state and not k.startswith(t_prefix) and not k.startswith(s_prefix)
-                      and s_state[k].shape == v.shape}
-        student.load_state_dict(layer_free, strict=False)
+        # the encoder's other weights by their names within the encoder: a teacher without a task head is the bare
+        # encoder ("embeddings.word_embeddings.weight"), the student one with a head ("bert.embeddings....")
+        t_base, s_base = family.base(teacher), family.base(student)
+        _copy_matching(t_base.state_dict(), s_base, skip=layer_list_prefix(t_base, family))
+        # the heads (a teacher fine-tuned on the task), by full name
+        _copy_matching(teacher.state_dict(), student, skip=(t_prefix, s_prefix))
+
+
+def _copy_matching(source: dict[str, torch.Tensor], target: nn.Module, skip: str | tuple[str, ...]) -> None:
+    """Loads every tensor of `source` whose name and shape `target` has, except names starting with `skip`."""
+    state = target.state_dict()
+    target.load_state_dict({k: v for k, v in source.items()
+                            if k in state and not k.startswith(skip) and state[k].shape == v.shape}, strict=False)
 
 
 register_student("transformer", _build_transformer, TransformerStudent.load)
