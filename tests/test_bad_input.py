@@ -46,6 +46,11 @@ class Where:
                             f"task.train_file={train}", *( [f"task.dev_file={dev}"] if dev else []), *sets)
 
 
+def _roberta_teacher(w: Where) -> Path:
+    from tiny_families import save_family_model
+    return save_family_model("roberta", w.tmp / "roberta")  # its tokenizer gives no token_type_ids
+
+
 def _student_with_other_vocabulary(w: Where) -> Path:
     directory = w.tmp / "other-student"
     vocab = list(BertTokenizerFast.from_pretrained(w.teacher).get_vocab())
@@ -183,6 +188,9 @@ CASES: dict[str, tuple] = {
     "classification metric on regression": (
         lambda w: w.distill("task.name=custom", "task.text_columns=[text]", "task.train_file=x.tsv",
                             "task.metrics=[accuracy]"), ["['accuracy']", "regression", "pearson"]),
+    "BiLSTM on pairs without segment ids": (
+        lambda w: w.distill(f"teacher.model={_roberta_teacher(w)}", "task.name=mrpc", "student.kind=bilstm"),
+        ["BiLSTM", "token_type_ids", "segment ids"]),
     "binary f1 on three labels": (
         lambda w: w.distill("task.name=custom", "task.text_columns=[text]", "task.train_file=x.tsv",
                             "task.labels=[a,b,c]", "task.metrics=[f1]"), ["f1", "3 labels", "macro_f1"]),

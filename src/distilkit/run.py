@@ -203,6 +203,10 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             and student_config.vocab_size < len(tokenizer):
         raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
                          f"{tokenizer_source} has {len(tokenizer)} tokens: use a student built for that tokenizer")
+    if config.student.kind == "bilstm" and task.is_pair and "token_type_ids" not in tokenizer.model_input_names:
+        raise ValueError(f"a BiLSTM student reads a pair's two texts apart by their token_type_ids, which the tokenizer "
+                         f"of {tokenizer_source} does not give: use a tokenizer with segment ids (BERT's) or a "
+                         "Transformer student")
     student.use_packing(config.train.packing)  # the teacher runs padded: its cache is filled once, bitwise as live
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
