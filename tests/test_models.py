@@ -182,3 +182,16 @@ def test_a_teacher_saved_in_half_precision_gives_an_fp32_student(init, tmp_path,
     weights = load_file(tmp_path / "run" / "final" / "model.safetensors")
     assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
     assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_a_pretrained_student_of_the_task_in_another_label_order_keeps_each_row_with_its_name(tmp_path, tiny_teacher):
+    """id2label is set to the task's order: the classifier's rows must follow, as the teacher's do."""
+    saved = AutoModelForSequenceClassification.from_pretrained(tiny_teacher)
+    saved.config.id2label, saved.config.label2id = {0: "positive", 1: "negative"}, {"positive": 0, "negative": 1}
+    saved.save_pretrained(tmp_path / "swapped")
+    AutoTokenizer.from_pretrained(tiny_teacher).save_pretrained(tmp_path / "swapped")
+    student = build_student(StudentConfig(init="pretrained", pretrained=str(tmp_path / "swapped"), preset=None),
+                            None, glue_task("sst2"))
+    assert student.model.config.id2label[0] == "negative"
+    assert torch.equal(student.model.classifier.weight[0], saved.classifier.weight[1])
+    assert torch.equal(student.model.classifier.weight[1], saved.classifier.weight[0])

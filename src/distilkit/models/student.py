@@ -25,6 +25,7 @@ from distilkit.models.families import FamilyError, family_of, layer_list_prefix
 from distilkit.models.features import Features, FeatureRequest, compile_layers, encoder_features, \
     set_attention_scores
 from distilkit.models.hub import refused_pickle, resolve_model
+from distilkit.models.teacher import label_order, reorder_classifier
 
 METADATA_FILE = "distilkit.json"
 
@@ -217,6 +218,9 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
         config = AutoConfig.from_pretrained(path, trust_remote_code=False)
         saved_head = config.num_labels if any(a.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
                                               for a in config.architectures or []) else None
+        # a saved classifier of the task's labels in another order keeps its rows matched to their names
+        order = label_order(config, task, f"student {cfg.pretrained}") \
+            if saved_head == task.num_labels and not task.answer_spans and task.label_names else None
         for key, value in labels.items():
             setattr(config, key, value)
         new_head = saved_head not in (None, config.num_labels)  # e.g. a 2-class student continued on regression
@@ -236,6 +240,10 @@ def _build_transformer(cfg: StudentConfig, teacher_model: PreTrainedModel | None
                                                      ignore_mismatched_sizes=new_head)
         except pickle.UnpicklingError:
             raise refused_pickle(path) from None
+        if order is not None:
+            reorder_classifier(model, order, f"student {cfg.pretrained}")
+            for key, value in labels.items():  # the rows now in the task's order, as its labels already were
+                setattr(model.config, key, value)
         return TransformerStudent(model)
 
     if teacher_model is None:

@@ -80,9 +80,9 @@ class Teacher:
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
                              f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
         if self.head == "ForSequenceClassification" and task is not None and task.label_names:
-            order = label_order(self.model.config, task, name_or_path)
+            order = label_order(self.model.config, task, f"teacher {name_or_path}")
             if order is not None:
-                reorder_classifier(self.model, order, name_or_path)
+                reorder_classifier(self.model, order, f"teacher {name_or_path}")
         self.mixed_precision = mixed_precision
         self.forward_passes = 0  # batches run through the model
         self.packing = False  # packed batches (train.packing), the same features as padded ones
@@ -140,9 +140,9 @@ class Teacher:
 
 
 def label_order(config, task: TaskSpec, name: str) -> list[int] | None:
-    """Which teacher output scores each of the task's labels, when the teacher names its labels in another
-    order (e.g. an MNLI teacher saved with contradiction first): the task's label i is the teacher's output
-    order[i]. None when the order is the task's, or cannot be told (LABEL_0... names: then by position)."""
+    """Which output of a saved classifier (`name`: "teacher <path>" or "student <path>") scores each of the task's
+    labels, when it names its labels in another order (e.g. an MNLI model saved with contradiction first): the task's
+    label i is its output order[i]. None when the order is the task's, or cannot be told (LABEL_0...: by position)."""
     teacher_names = [str(config.id2label[i]) for i in range(config.num_labels)]
     if all(n.startswith("LABEL_") and n[6:].isdigit() for n in teacher_names):
         return None
@@ -152,12 +152,12 @@ def label_order(config, task: TaskSpec, name: str) -> list[int] | None:
         if wanted == folded:
             return None
         if sorted(wanted) == sorted(folded):
-            log.warning("teacher %s orders its labels %s; the task's order is %s: its outputs are reordered to "
+            log.warning("%s orders its labels %s; the task's order is %s: its outputs are reordered to "
                         "the task's", name, teacher_names, list(task_names))
             return [folded.index(n) for n in wanted]
-    log.warning("teacher %s names its labels %s, not the task's %s: they are matched by position (the teacher's "
-                "first output is the task's first label ...); if that is wrong, list task.labels in the teacher's "
-                "order", name, teacher_names, list(task.label_names))
+    log.warning("%s names its labels %s, not the task's %s: they are matched by position (its first output is "
+                "the task's first label ...); if that is wrong, list task.labels in its order", name, teacher_names,
+                list(task.label_names))
     return None
 
 
@@ -168,8 +168,8 @@ def reorder_classifier(model, order: list[int], name: str) -> None:
     outputs = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
                and m.out_features == len(order) and not n.startswith(prefix)]
     if len(outputs) != 1:
-        raise ValueError(f"teacher {name} orders its labels otherwise than the task and its output layer cannot be "
-                         "found to reorder it: list task.labels in the teacher's order (its config's id2label)")
+        raise ValueError(f"{name} orders its labels otherwise than the task and its output layer cannot be "
+                         "found to reorder it: list task.labels in its order (its config's id2label)")
     index = torch.tensor(order)
     with torch.no_grad():
         outputs[0].weight.copy_(outputs[0].weight[index])
