@@ -215,6 +215,16 @@ def test_refbert_general_distillation_on_a_corpus_then_task_distillation(tmp_pat
           "method": {"name": "refbert", "reference_corpus": str(references), "reference_max_length": 16},
           "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
           "output": {"dir": str(tmp_path / "td")}}
+    # the task student starts with the general student's learned reference projections (W_K, W_V of eq. 19-20)
+    from safetensors.torch import load_file
+
+    from distilkit.models.student import load_student
+    from distilkit.run import build_run
+
+    general = {k: v for k, v in load_file(tmp_path / "gd" / "final" / "model.safetensors").items() if "reference_" in k}
+    task_student = build_run(build_config(td)).student.model.state_dict()
+    assert general and all(torch.equal(task_student[f"bert.{k}"], v) for k, v in general.items())
+    load_student(tmp_path / "gd" / "final")  # the general student reloads (a bare encoder with references)
     assert "accuracy" in run_experiment(build_config(td))["final"]["dev"]
 
 

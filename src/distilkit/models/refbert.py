@@ -34,12 +34,13 @@ import torch
 from pydantic import Field
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
 from distilkit.config import StrictModel, StudentConfig
 from distilkit.models.families import FamilyError, family_of
 from distilkit.models.features import Features, FeatureRequest, transformer_layers
+from distilkit.models.hub import resolve_model
 from distilkit.models.student import STUDENT_KINDS, Student, TransformerStudent, register_student
 
 REFERENCES_DIR = "references"
@@ -251,7 +252,9 @@ class RefBERTStudent(TransformerStudent):
     def load(cls, directory: Path) -> RefBERTStudent:
         directory = Path(directory)
         config = AutoConfig.from_pretrained(directory, trust_remote_code=False)
-        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        # general distillation (task "unlabeled") saves the bare encoder, a task student its classifier too
+        head = any(a.endswith("ForSequenceClassification") for a in config.architectures or [])
+        model = (AutoModelForSequenceClassification if head else AutoModel).from_config(config, dtype=torch.float32)
         install_reference_attention(model, config.reference_width, config.reference_delta)
         model.load_state_dict(load_file(directory / "model.safetensors"))
         return cls(model.eval(), References.load(directory / REFERENCES_DIR))
@@ -281,7 +284,22 @@ def _build_refbert(cfg: StudentConfig, teacher_model, task) -> RefBERTStudent:
         raise ValueError(f"RefBERT keeps the teacher's head count ({teacher_model.config.num_attention_heads}); "
                          f"the student has {base.num_heads}: set student.heads")
     install_reference_attention(base.model, teacher_model.config.hidden_size, options.delta)
+    if cfg.init == "pretrained":
+        _load_reference_projections(base.model, Path(resolve_model(cfg.pretrained)))
     return RefBERTStudent(base.model)
+
+
+def _load_reference_projections(model, directory: Path) -> None:
+    """A RefBERT student started from a RefBERT student (general distillation's) keeps its learned W_K and W_V of
+    eq. (19)-(20): `from_pretrained` knows no such weights and drops them."""
+    saved = directory / "model.safetensors"
+    if not saved.is_file():
+        return
+    prefix = f"{model.base_model_prefix}."
+    learned = {k.removeprefix(prefix): v for k, v in load_file(saved).items() if ".attention.self.reference_" in k}
+    if learned and model.base_model.load_state_dict(learned, strict=False).unexpected_keys:
+        raise ValueError(f"{directory}: its reference projections do not fit this RefBERT student (another depth or "
+                         "width?)")
 
 
 register_student("refbert", _build_refbert, RefBERTStudent.load)
