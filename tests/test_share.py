@@ -56,6 +56,15 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
     assert f"{metrics['params']['total']:,}" in card.text
 
 
+def test_a_squad_students_card_names_the_squad_dataset_unless_it_trained_on_its_own_files():
+    from distilkit.card import build_card
+
+    card = build_card({"task": "squad", "task_config": {"name": "squad"}, "method": "kd"})
+    assert card.data.datasets == ["rajpurkar/squad"]
+    own = build_card({"task": "squad", "task_config": {"name": "squad", "train_file": "mine.json"}, "method": "kd"})
+    assert not own.data.datasets
+
+
 def test_pipeline_answers_with_sst2_label_names(kd_run):
     from transformers import pipeline
 

@@ -78,7 +78,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
     paper = metadata.get("paper")
     qa = task in QA_TASKS  # extractive QA: a span head, scored by SQuAD's EM and F1
     glue = task not in (None, "custom", "unlabeled") and not qa
-    dataset = "nyu-mll/glue" if glue else metadata.get("dataset")
+    own_files = bool((metadata.get("task_config") or {}).get("train_file"))  # SQuAD-format files of the user's
+    dataset = "nyu-mll/glue" if glue else QA_TASKS[task].hub_name if qa and not own_files else metadata.get("dataset")
     classifier = metadata.get("kind", "transformer") == "transformer" and task != "unlabeled"
     data = ModelCardData(
         model_name=metadata.get("name") or f"distilkit-{method}-{task}",
