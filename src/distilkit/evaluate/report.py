@@ -30,18 +30,11 @@ def _by_task(records: list[dict]) -> dict[str, list[dict]]:
     for record in sorted(records, key=lambda r: (r["task"], r["method"], r["student"])):
         teacher = record["teacher"]
         groups[(record["task"], teacher["path"], teacher["dev_score"])].append(record)
-    return {(task if n == 1 else f"{task}, teacher {n}"): group
-            for ((task, _, _), group), n in zip(groups.items(), _counts(list(groups)))}
-
-
-def _counts(keys: list[tuple]) -> list[int]:
-    """The running number of each key's task among the keys (1 for a task's first teacher)."""
-    seen: dict[str, int] = defaultdict(int)
-    numbers = []
-    for task, *_ in keys:
-        seen[task] += 1
-        numbers.append(seen[task])
-    return numbers
+    named, teachers = {}, defaultdict(int)
+    for (task, _, _), group in groups.items():
+        teachers[task] += 1
+        named[task if teachers[task] == 1 else f"{task}, teacher {teachers[task]}"] = group
+    return named
 
 
 def results_table(records: list[dict]) -> list[str]:

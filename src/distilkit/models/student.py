@@ -305,7 +305,7 @@ def copy_teacher_layers(teacher: PreTrainedModel, student: PreTrainedModel, chos
         t_base, s_base = family.base(teacher), family.base(student)
         _copy_matching(t_base.state_dict(), s_base, skip=layer_list_prefix(t_base, family))
         # the heads (a teacher fine-tuned on the task), by full name
-        _copy_matching(teacher.state_dict(), student, skip=(t_prefix, s_prefix))
+        _copy_matching(teacher.state_dict(), student, skip=(f"{student.base_model_prefix}.", t_prefix, s_prefix))
 
 
 def _copy_matching(source: dict[str, torch.Tensor], target: nn.Module, skip: str | tuple[str, ...]) -> None:
