@@ -147,6 +147,31 @@ def test_an_mpnet_teacher_into_a_bert_student_on_sentence_pairs(glue_dir, spelli
     assert metrics["steps"] == 4 and metrics["teacher_forward_passes"] > 0 and "f1" in metrics["final"]["dev"]
 
 
+def test_kd_across_tokenizers_on_an_augmented_transfer_set(glue_dir, tiny_teacher, spelling_student, tmp_path):
+    """Issue 22's SST-2 arm: a teacher of one vocabulary labels texts another model's MLM altered, and the student
+    reads them in its own; each copy reaches both sides as the same text."""
+    config = cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out", epochs=1)
+    config["train"].pop("max_steps")
+    config["data"].update({"max_train_examples": 16,
+                           "augment": {"copies": 3, "candidates": 4, "model": str(tiny_teacher)}})
+    run = build_run(build_config(config))
+    assert 48 < len(run.train_data) <= 64 and run.train_data.teacher_view is not None  # equal copies dropped
+    teacher_tokenizer = BertTokenizerFast.from_pretrained(tiny_teacher)
+    student_tokenizer = BertTokenizerFast.from_pretrained(spelling_student)
+    batch, _, _ = next(run.train_data.batches(16, seed=0, epoch=0, position=None))
+    own = teacher_inputs(batch)
+    for row, index in enumerate(batch["example_ids"].tolist()):
+        example = run.train_data.examples[index]
+        assert example.label is None  # the teacher labels the transfer set
+        text = example.texts[0]
+        assert batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist() == \
+            student_tokenizer(text)["input_ids"]
+        assert own["input_ids"][row][own["attention_mask"][row].bool()].tolist() == teacher_tokenizer(text)["input_ids"]
+    metrics = run_experiment(build_config(config))
+    assert metrics["train_examples_in_set"] == len(run.train_data) and metrics["teacher_forward_passes"] > 0
+    assert metrics["steps"] == 4 and "accuracy" in metrics["final"]["dev"]
+
+
 def test_teacher_outputs_equal_cold_or_warm(glue_dir, tiny_teacher, spelling_student, tmp_path):
     """Cached teacher features are those of a live pass over the teacher's own tokenization, and a run on a warm
     cache (no teacher pass) trains the same student as the run that filled it."""
