@@ -156,6 +156,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     assert uninterrupted["steps"] == 64  # 256 examples / batch 8 × 2 epochs; the crash below is in epoch 1
 
     config["output"]["dir"] = str(tmp_path / "crashed")
+    config["teacher"]["cache_dir"] = str(tmp_path / "crashed-cache")  # its own, empty: its first process fills it
     crash_after_checkpoint(config, monkeypatch, step=9)  # mid-epoch 1 of 2, inside the intermediate stage's end region
     # a half-written checkpoint from a crash in the middle of saving is ignored
     (tmp_path / "crashed" / "checkpoints" / ".step-00000012.999.tmp").mkdir()
@@ -165,6 +166,9 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     assert resumed["steps"] == 64
     # the run's wall time counts both processes' loops: what a resumed run cost in all
     assert resumed["distill_wall_seconds"] > saved["loop_seconds"] + (resumed["train_seconds"] - saved["train_seconds"])
+    # and the teacher's cost: the first process filled the cache, the resumed one found it full (it counted 0)
+    assert resumed["teacher_forward_passes"] == uninterrupted["teacher_forward_passes"] > 0
+    assert resumed["teacher_cache_seconds"] >= round(saved["setup_seconds"], 2) > 0  # + the resumed one's check
     assert not (tmp_path / "crashed" / "checkpoints").exists()  # finished: the resume state is not kept
     whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     again = load_file(tmp_path / "crashed" / "final" / "model.safetensors")

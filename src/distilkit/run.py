@@ -306,7 +306,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
 
     distiller = Distiller(config=config, task=run.task, student=run.student, method=run.method,
                           teacher_source=run.teacher_source, train_data=run.train_data, eval_data=run.eval_data,
-                          out_dir=out, save_student=save, accelerator=accelerator)
+                          out_dir=out, save_student=save, accelerator=accelerator, setup_seconds=cache_seconds)
     try:
         summary = distiller.train()
     finally:
@@ -322,10 +322,11 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "train_examples_in_set": run.train_data.num_examples,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
-        "teacher_forward_passes": sum(t.forward_passes for t in run.teachers),  # cache fills and live passes
-        "teacher_cache_seconds": round(cache_seconds, 2),
-        # a resumed run counts the loop's time in every process that ran it (up to its last checkpoint)
-        "distill_wall_seconds": round(summary["loop_seconds"] + cache_seconds, 2),
+        # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its
+        # last checkpoint), as it does the loop's time
+        "teacher_forward_passes": summary["teacher_forward_passes"],
+        "teacher_cache_seconds": summary["setup_seconds"],
+        "distill_wall_seconds": round(summary["loop_seconds"] + summary["setup_seconds"], 2),
         **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "seed": config.train.seed,

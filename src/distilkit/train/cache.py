@@ -399,6 +399,10 @@ class TeacherSource:
     def __init__(self, teachers: list, request: FeatureRequest, caches: list[TeacherCache], mix: list[float]):
         self.teachers, self.request, self.caches, self.mix = teachers, request, caches, mix
 
+    def forward_passes(self) -> int:
+        """Batches this process has run through the teachers: cache fills and live passes."""
+        return sum(teacher.forward_passes for teacher in self.teachers)
+
     def __call__(self, batch: dict) -> Features | None:
         if not self.teachers or self.request.is_empty():
             return None

@@ -59,6 +59,10 @@ class TrainState:
     best_step: int | None = None
     train_seconds: float = 0.0  # training only: evaluation and checkpoints excluded
     loop_seconds: float = 0.0  # the loop's wall time, evaluation and checkpoints included, summed over resumes
+    # the teacher's cost, summed over resumes (a resumed run finds its cache full: its own count would be 0):
+    # seconds spent before the loop (filling the teacher cache), and batches run through the teacher(s)
+    setup_seconds: float = 0.0
+    teacher_forward_passes: int = 0
     examples: int = 0
     evals: list[dict] = field(default_factory=list)
     tracker_runs: dict[str, str] = field(default_factory=dict)  # tracker -> run id: a resumed run continues them
@@ -228,8 +232,9 @@ def due(every: int | None, step: int, last: bool, epoch_done: bool) -> bool:
 
 class Distiller:
     def __init__(self, *, config, task, student, method, teacher_source, train_data, eval_data, out_dir: Path,
-                 save_student, accelerator: Accelerator | None = None):
+                 save_student, accelerator: Accelerator | None = None, setup_seconds: float = 0.0):
         self.cfg = config
+        self.setup_seconds = setup_seconds  # this process's time before the loop (the teacher cache fill)
         self.task = task
         self.student = student
         self.method = method
@@ -268,6 +273,9 @@ class Distiller:
         log = TrainLog(self.out_dir, state.step, n_total, cfg.log_every, acc, self.cfg, state.tracker_runs)
         state.tracker_runs = log.tracker_runs
         clock, loop_clock = Stopwatch(state.train_seconds), Stopwatch(state.loop_seconds)
+        state.setup_seconds += self.setup_seconds
+        passes_before = state.teacher_forward_passes  # of the processes before this one
+        passes_here = self.teacher_source.forward_passes if self.teacher_source is not None else (lambda: 0)
         module.train()
         try:
             while state.step < n_total:
@@ -287,6 +295,7 @@ class Distiller:
                         self._evaluate_and_keep_best(wrapped, state, log)
                     if due(cfg.checkpoint_every, state.step, last, epoch_done):
                         state.loop_seconds = loop_clock.elapsed
+                        state.teacher_forward_passes = passes_before + passes_here()
                         self._checkpoint(wrapped, optimizer, scheduler, state)
                     clock.resume()
                     if last or epoch_done:
@@ -298,6 +307,7 @@ class Distiller:
         self._save_student(wrapped, self.out_dir / "final")
         acc.wait_for_everyone()
         state.loop_seconds = loop_clock.elapsed
+        state.teacher_forward_passes = passes_before + passes_here()
         return self._summary(state)
 
     # the pieces of a step -------------------------------------------------------------------------
@@ -422,7 +432,8 @@ class Distiller:
         epochs = (state.step / steps_per_epoch(known, cfg.batch_size, cfg.grad_accumulation, self.min_batch) if known
                   else state.epoch)  # a streamed corpus: completed passes
         return {"steps": state.step, "epochs": round(epochs, 3), "train_seconds": round(state.train_seconds, 2),
-                "loop_seconds": round(state.loop_seconds, 2),
+                "loop_seconds": round(state.loop_seconds, 2), "setup_seconds": round(state.setup_seconds, 2),
+                "teacher_forward_passes": state.teacher_forward_passes,
                 "train_examples": state.examples,
                 "examples_per_second": round(state.examples / max(state.train_seconds, 1e-9), 2),
                 "best_score": state.best_score, "best_step": state.best_step, "evals": state.evals,
