@@ -127,6 +127,31 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
         run_experiment(build_config(config))
 
 
+@pytest.mark.parametrize("method, without_labels", [
+    ({"name": "lrc"}, {"first_stage_fraction": 1.0}),  # its second stage's hard term (γ); COS-NCE alone needs none
+    ({"name": "pkd"}, {"alpha": 1.0}),  # 1 − α on the labels
+    ({"name": "text_smoothing", "kd_weight": 1.0}, {"label_weight": 0.0}),
+    ({"name": "codir", "negatives": 4, "negative_sampling": "batch"}, None),  # L_CE is part of CoDIR-Fine's eq. (1)
+])
+def test_methods_with_a_label_term_are_refused_on_the_teacher_labelled_set_before_training(tmp_path, glue_dir,
+                                                                                           tiny_teacher, tiny_base_model,
+                                                                                           method, without_labels):
+    """They trained up to the step that read a label (LRC: its second stage, 80 % of the run) and died of a KeyError."""
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "da", epochs=1)
+    if method["name"] == "text_smoothing":  # the fine-tuned teacher has no MLM head: the model it came from
+        method = {**method, "smoothing_teacher": str(tiny_base_model)}
+    config["method"] = method
+    config["data"].update({"max_train_examples": 20, "augment": {"scheme": "tang", "copies": 2, "candidates": 4}})
+    with pytest.raises(ValueError, match=rf"^method '{method['name']}' trains on gold labels, but this training set "
+                                         "has none"):
+        run_experiment(build_config(config))
+    assert not (tmp_path / "da" / "checkpoints").exists() and not (tmp_path / "da" / "metrics.json").exists()
+    if without_labels is not None:  # with its label term off it distils the transfer set
+        config["method"] = {**method, **without_labels}
+        metrics = run_experiment(build_config(config))
+        assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_augmenting_on_the_gpu_in_shared_batches_gives_the_cpu_set(tmp_path, tiny_teacher):

@@ -192,6 +192,9 @@ class CoDIR(Method):
             self.update_memory(example_ids, student_repr)
         self.positives.clear()
 
+    def uses_labels(self):
+        return self.params.objective == "finetune"  # L_CE of eq. (1); CoDIR-Pre's is the MLM loss
+
     # eq. (1) --------------------------------------------------------------------------------------
 
     def loss_terms(self, batch, student, teacher, progress):

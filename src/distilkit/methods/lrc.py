@@ -127,6 +127,9 @@ class LRC(Method):
         return [w for w, used in ((p.first_stage, p.first_stage_fraction > 0),
                                   (p.second_stage, p.first_stage_fraction < 1)) if used]
 
+    def uses_labels(self):
+        return any(w.gamma for w in self._stages())
+
     def teacher_request(self):
         stages = self._stages()
         return FeatureRequest(hidden=frozenset(self.mapping if any(w.alpha for w in stages) else []),

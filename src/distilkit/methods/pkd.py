@@ -55,6 +55,9 @@ class PKD(Method):
         self.mapping = pkd_layer_map(params.strategy, ctx.student.num_layers, ctx.teacher.num_layers)
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
 
+    def uses_labels(self):
+        return self.params.alpha < 1
+
     def teacher_request(self):
         return FeatureRequest(hidden=frozenset(self.mapping), logits=True)
 
@@ -67,5 +70,6 @@ class PKD(Method):
         patient = losses.pkd_patient_loss(
             [proj(student.cls(s_layer)) for s_layer, proj in enumerate(self.projections, start=1)],
             [teacher.cls(t_layer) for t_layer in self.mapping])
-        return weighted({"hard": (1 - p.alpha, self.label_loss(student.logits, batch["labels"])),
+        hard = self.label_loss(student.logits, batch["labels"]) if p.alpha < 1 else None
+        return weighted({"hard": (1 - p.alpha, hard),
                          "soft": (p.alpha, soft), "patient": (p.beta, patient)})

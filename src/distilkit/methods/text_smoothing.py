@@ -131,6 +131,9 @@ class TextSmoothing(Method):
             return {"ids": ids.to(torch.int32), "probs": probs.to(torch.float16)}
         self.table.ensure_token_features(self.table_name, last, top_k)
 
+    def uses_labels(self):
+        return self.params.label_weight > 0
+
     def teacher_request(self):
         return FeatureRequest(logits=bool(self.params.kd_weight))
 
@@ -148,8 +151,8 @@ class TextSmoothing(Method):
         kd = None
         if p.kd_weight:
             kd = self.soft_label_loss(student.logits, teacher.logits, p.kd_temperature, "scaled_kl")
-        return weighted({"label": (p.label_weight, self.label_loss(student.logits, batch["labels"])),
-                         "kd": (p.kd_weight, kd)})
+        label = self.label_loss(student.logits, batch["labels"]) if p.label_weight else None
+        return weighted({"label": (p.label_weight, label), "kd": (p.kd_weight, kd)})
 
 
 def sample_smoothed_sentences(teacher, tokenizer, text: str, samples: int = 5, lam: float = 0.5, top_k: int = 32,
