@@ -289,6 +289,22 @@ def test_plan_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, t
     assert measured == ["onnx_int8"]
 
 
+def test_a_speed_plan_cell_without_method_or_student_axes_is_named_by_its_config(tmp_path, glue_dir, tiny_teacher):
+    """Its record had method and student None, and rendering the report failed sorting them."""
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    axes = data["cells"][0].pop("axes")
+    data["cells"][0].pop("overrides")
+    data["cells"][0]["name"] = "sst2-kd-alone"
+    data["cells"][0]["set"] = {**axes["task"]["sst2"], **axes["method"]["kd"], **axes["student"]["L2"]}
+    data["speed"]["formats"] = ["pytorch_fp32"]
+    path.write_text(yaml.safe_dump(data))
+    Plans(load_plan(path), path).run()
+    record = json.loads((tmp_path / "results" / "records" / "sst2-kd-alone.json").read_text())
+    assert (record["method"], record["student"]) == ("kd", "custom")
+    assert "| kd | custom |" in (tmp_path / "results" / "report.md").read_text()
+
+
 def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabulates_all(tmp_path, glue_dir,
                                                                                          tiny_teacher):
     """The base-teacher plan's shape: a teacher cell of the plan (no teacher of its own: a plain record), students

@@ -519,8 +519,10 @@ class Plans:
         return {
             # the run's metrics (steps, seconds, teacher passes...), cell, environment, config, best_dev
             **self.plain_record(cell, metrics),
-            "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method"),
-            "method_name": config.method.name, "student": cell.labels.get("student"),
+            # a cell without a method or student axis is named by its config (tables sort and group by these)
+            "suite": self.plan.name, "task": spec.name, "method": cell.labels.get("method", config.method.name),
+            "method_name": config.method.name,
+            "student": cell.labels.get("student", config.student.preset or config.student.pretrained or "custom"),
             "bench_command": f"distilkit bench {self.plan.name}",
             "command": f"distilkit distill {Path(self.plan.output) / 'configs' / cell.name}.yaml",
             "teacher": teacher,
