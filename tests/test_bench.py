@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from distilkit.plans import Plans, load_plan
+from distilkit.plans import Plans, load_plan, best_dev
 from distilkit.data.tasks import glue_task
 from distilkit.evaluate import profile
 from distilkit.evaluate.report import render_report
@@ -345,6 +345,17 @@ def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabula
     for cell in ("sst2-kd-L2", "sst2-kd-L2-seed7"):
         run = Path(json.loads((tmp_path / "results" / "records" / f"{cell}.json").read_text())["dir"])
         assert (run / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime, cell
+    # the teacher's config changed and only the timed student is asked for: the teacher is retrained first, then the
+    # student (it was skipped as finished, and the teacher's record got the new config beside the old run's scores)
+    data["cells"][0]["set"]["train"] = {"learning_rate": 2e-3}
+    path.write_text(yaml.safe_dump(data))
+    Plans(load_plan(path), path).run(only=["sst2-kd-L2"])
+    teacher_record = json.loads((tmp_path / "results" / "records" / "teacher-sst2.json").read_text())
+    assert teacher_record["config"]["train"]["learning_rate"] == 2e-3
+    assert yaml.safe_load((teacher_metrics.parent / "config.yaml").read_text())["train"]["learning_rate"] == 2e-3
+    assert teacher_record["best_dev"] == best_dev(teacher_metrics.parent, json.loads(teacher_metrics.read_text()))
+    kd = json.loads((tmp_path / "results" / "records" / "sst2-kd-L2.json").read_text())
+    assert (Path(kd["dir"]) / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime
 
 
 def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):

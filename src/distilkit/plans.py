@@ -387,7 +387,7 @@ class Plans:
                 self.train(cell)
             if records_dir:  # the cell's record, and those of the cells it used (its teacher, its start)
                 for used in [cell, *self.lineage(cell)]:
-                    if not self.timed(used):
+                    if not self.timed(used) and self.finished(used):  # never a new config beside an old run's scores
                         self.write_record(used, json.loads((used.dir / "metrics.json").read_text()),
                                           records_dir / f"{used.name}.json", dependency=used is not cell)
         for step in self.plan.steps:
@@ -449,6 +449,8 @@ class Plans:
 
     def speed_record(self, cell: Cell, path: Path) -> None:
         """Deployment records: trained, then scored and timed beside the teacher in each missing format."""
+        for name in cell.upstream:  # first: a teacher whose config changed is retrained, which makes this cell stale
+            self.train(self.cell(name))
         record = json.loads(path.read_text()) if path.is_file() else None
         if record is not None and record["config"] != cell.config.model_dump(mode="json"):
             record = None  # the cell changed: its record is redone from the new run
