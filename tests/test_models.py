@@ -147,6 +147,31 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
         assert [saved.id2label[i] for i in range(2)] == order  # the student answers in the task's names
         assert ("its outputs are reordered" in caplog.text) == (order[0] == "pos")
     assert BertForSequenceClassification.from_pretrained(teacher).config.id2label == {0: "neg", 1: "pos"}
+    # the folder scored by itself, in a task order other than its own: `distilkit evaluate` and the bench's deployment
+    # formats (PyTorch and ONNX) read its outputs by name too (they scored the permuted classes: 0.25)
+    from distilkit.config import DataConfig, task_config
+    from distilkit.data.qa_windows import task_dataset
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import task_spec
+    from distilkit.evaluate.profile import Deployment
+
+    fields = ["text_columns=[text]", "labels=[pos, neg]", f"train_file={tmp_path / 'train.tsv'}",
+              f"dev_file={tmp_path / 'dev.tsv'}"]
+    result = CliRunner().invoke(app, ["evaluate", str(teacher), "--task", "custom"]
+                                + [a for f in fields for a in ("--task-set", f)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["metrics"]["dev"]["accuracy"] == 0.75
+    spec = task_spec(task_config({"name": "custom", "text_columns": ["text"], "labels": ["pos", "neg"],
+                                  "train_file": str(tmp_path / "train.tsv"), "dev_file": str(tmp_path / "dev.tsv")}))
+    dev = task_dataset(spec, read_split(spec, "dev", DataConfig()), BertTokenizerFast.from_pretrained(teacher), 32)
+    deployment = Deployment(teacher, tmp_path / "onnx")
+    for fmt in ("pytorch_fp32", "onnx_fp32", "pytorch_fp32"):  # twice: reordering once is not undone or doubled
+        assert deployment.dev_scores(fmt, dev, spec)["accuracy"] == 0.75, fmt
+    # `distilkit predict` on the folder (no distilkit.json) names its answers by the folder's own id2label (it printed
+    # the first logit as a "score")
+    result = CliRunner().invoke(app, ["predict", str(teacher), "a dull film"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.splitlines()[-1])["label"] == "pos"
 
 
 def test_a_pretrained_student_with_a_head_of_another_size_gets_a_new_head(tiny_teacher, caplog):

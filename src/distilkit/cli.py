@@ -117,7 +117,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.hub import resolve_model
-    from distilkit.models.student import load_student, load_tokenizer, read_metadata, recorded_task
+    from distilkit.models.student import in_task_order, load_student, load_tokenizer, read_metadata, recorded_task
     from distilkit.run import capped
 
     try:
@@ -132,7 +132,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         spec, settings = task_spec(task_config(fields)), DataConfig(dir=data)
         length = max_length or meta.get("max_length", 128)  # as trained, so the scores match metrics.json
         tokenizer = load_tokenizer(path)
-        student = load_student(path)
+        student = in_task_order(load_student(path), path, spec)
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
                     for s in split or spec.dev_splits}
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
@@ -276,7 +276,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
         logits = predict_logits(student, dataset)
     except _user_errors() as err:
         _fail(err)
-    labels = meta.get("labels")
+    labels = meta.get("labels") or _config_labels(model)
     for line, row in zip(lines, logits):
         if labels is None:
             print(json.dumps({"text": line, "score": float(row[0])}))
@@ -284,6 +284,17 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
             probs = torch.softmax(torch.from_numpy(row), -1)
             best = int(probs.argmax())
             print(json.dumps({"text": line, "label": labels[best], "probability": round(float(probs[best]), 4)}))
+
+
+def _config_labels(model: Path) -> list[str] | None:
+    """The class names a classifier saved without distilkit's metadata (a hub model) gives its outputs, in its own
+    order; None for a score (one output) or a folder without a config."""
+    from transformers import AutoConfig
+
+    if not (Path(model) / "config.json").is_file():
+        return None
+    config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+    return [str(config.id2label[i]) for i in range(config.num_labels)] if config.num_labels > 1 else None
 
 
 def _texts_per_input(meta: dict) -> int | None:
@@ -342,7 +353,8 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
         tokenizer = load_tokenizer(str(model))
         datasets = {split: TokenizedDataset(read_split(spec, split, settings), tokenizer, length, spec.is_regression)
                     for split in glue_test_splits(spec)}
-        written = write_submission(inference_model(model, onnx=use_onnx, int8=int8), spec, datasets, out)
+        student = in_task_order(inference_model(model, onnx=use_onnx, int8=int8), model, spec)
+        written = write_submission(student, spec, datasets, out)
     except _user_errors() as err:
         _fail(err)
     print(json.dumps({"task": spec.name, "written": [str(p) for p in written]}, indent=2))

@@ -17,7 +17,7 @@ from distilkit.evaluate.evaluator import evaluate_splits
 from distilkit.evaluate.speed import Runner, all_threads, measure, pytorch_runner, speedup, transformer_flops
 from distilkit.export import INT8_FILE, ONNX_FILE, OnnxStudent, export_onnx, quantize_int8
 from distilkit.machine import cpu_has_native_bf16
-from distilkit.models.student import TransformerStudent, load_student
+from distilkit.models.student import TransformerStudent, in_task_order, load_student
 
 FORMATS = ("pytorch_fp32", "pytorch_bf16", "onnx_fp32", "onnx_int8")
 
@@ -65,6 +65,7 @@ class Deployment:
 
     def dev_scores(self, fmt: str, dev: TokenizedDataset, task: TaskSpec) -> dict[str, float]:
         model = self.model() if fmt.startswith("pytorch") else self.session(fmt, all_threads())
+        model = in_task_order(model, self.model_dir, task)
         precision = "bf16" if fmt == "pytorch_bf16" else "no"
         return evaluate_splits(model, {"dev": dev}, task, mixed_precision=precision)["dev"]
 

@@ -144,6 +144,51 @@ class TransformerStudent(Student):
                                                             dtype=torch.float32).eval())
 
 
+def in_task_order(student, model_dir: str | Path, task: TaskSpec):
+    """A saved classifier that names the task's labels in another order (a hub model, someone's teacher folder:
+    distilkit saves its own students in task order), scoring in the task's order; else the student as it is.
+    Without this its metrics were computed on permuted classes (an MNLI model saved entailment-first)."""
+    config_file = Path(model_dir) / "config.json"
+    if task.answer_spans or task.is_regression or not task.label_names or not config_file.is_file():
+        return student
+    # a PyTorch model's own config (reordered in memory once, it says so), else the folder's
+    config = student.model.config if isinstance(student, TransformerStudent) else \
+        AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+    if config.num_labels != task.num_labels:
+        return student
+    order = label_order(config, task, f"model {model_dir}")
+    if order is None:
+        return student
+    if isinstance(student, TransformerStudent):  # its output rows, in memory
+        reorder_classifier(student.model, order, f"model {model_dir}")
+        return student
+    return ClassesReordered(student, order)
+
+
+class ClassesReordered:
+    """A student behind `features` whose weights cannot be reordered (an ONNX session): its class scores, reordered."""
+
+    def __init__(self, student, order: list[int]):
+        self.student, self.order = student, torch.tensor(order)
+
+    def features(self, batch, request=None):
+        features = self.student.features(batch, request)
+        features.logits = features.logits[..., self.order]
+        return features
+
+    def eval(self):
+        self.student.eval()
+        return self
+
+    def train(self, mode: bool = True):
+        self.student.train(mode)
+        return self
+
+    @property
+    def training(self) -> bool:
+        return self.student.training
+
+
 def write_metadata(directory: Path, metadata: dict) -> None:
     (Path(directory) / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
 
