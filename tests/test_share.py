@@ -4,6 +4,7 @@ import json
 
 import pytest
 from huggingface_hub import ModelCard
+from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from distilkit.config import build_config
@@ -47,6 +48,10 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
         assert card.data.distillation["method"] == "kd" and "Hinton" in card.data.distillation["paper"]
         assert card.data.distillation["teacher"] == str(tiny_teacher)
         assert "```yaml" in card.text and "method:" in card.text  # the config that made it
+        # its tokenizer cuts where the student was trained to read (it kept the teacher's 512: a pipeline with
+        # truncation read more tokens than the student ever saw), while the teacher's folder is untouched
+        assert AutoTokenizer.from_pretrained(out / folder).model_max_length == 32
+        assert AutoTokenizer.from_pretrained(tiny_teacher).model_max_length != 32
         assert "hard_weight: null" in card.text and "`hard_weight: 1.0`" in card.text  # and what the null became
     assert set(metrics["teacher_scores"]) == set(metrics["final"])  # the teacher scored on the same dev data
     speed = metrics["dev_throughput"]

@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from distilkit.config import BILSTM_PRESETS, StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest
-from distilkit.models.student import Student, read_metadata, register_student, write_metadata
+from distilkit.models.student import Student, read_metadata, register_student, save_tokenizer, write_metadata
 from distilkit.models.hub import resolve_model
 
 DEFAULTS = {"embedding_dim": 300, "pooling": "max", **BILSTM_PRESETS["BiLSTM-SRA"]}  # SRA's BiLSTM
@@ -112,7 +112,7 @@ class BiLSTMStudent(Student):
         directory.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, directory / WEIGHTS_FILE)
         if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
+            save_tokenizer(tokenizer, directory, metadata.get("max_length"))
         write_metadata(directory, {"kind": self.kind, "bilstm": self.shape, **metadata})
         # model folders are recognised by a config.json; this one is for people (transformers cannot load it)
         (directory / "config.json").write_text(json.dumps({"distilkit_student": self.kind, "shape": self.shape}, indent=2))

@@ -134,7 +134,7 @@ class TransformerStudent(Student):
         set_attention_scores(model, False)  # a saved model runs anywhere with the default kernel
         model.save_pretrained(directory)
         if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
+            save_tokenizer(tokenizer, directory, metadata.get("max_length"))
         write_metadata(directory, {"kind": self.kind, **metadata})
 
     @classmethod
@@ -187,6 +187,18 @@ class ClassesReordered:
     @property
     def training(self) -> bool:
         return self.student.training
+
+
+def save_tokenizer(tokenizer, directory: Path, max_length: int | None) -> None:
+    """The tokenizer, its model_max_length the length the student trained at: a `pipeline(..., truncation=True)` (or
+    any tokenizer call that truncates) then reads what the student read, not the base model's 512 tokens."""
+    kept = tokenizer.model_max_length
+    if max_length:
+        tokenizer.model_max_length = max_length
+    try:
+        tokenizer.save_pretrained(directory)
+    finally:
+        tokenizer.model_max_length = kept
 
 
 def write_metadata(directory: Path, metadata: dict) -> None:
