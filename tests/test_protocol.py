@@ -144,6 +144,20 @@ def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_
                                "0.5634** | 0.5600 ± 0.0000 (112.0%) | – |")
 
 
+def test_the_protocol_table_of_squad_scores_gains_in_its_own_points():
+    """SQuAD's EM and F1 are points already: its gains were multiplied by 100 (+150.0 for 1.5 points)."""
+    runs = {"teacher-squad": {**_record("squad", 42, 80.0), "best": {"metric": "f1", "score": 80.0},
+                              "best_dev": {"f1": 80.0}}}
+    for seed, suffix in ((42, ""), (1, "-seed1")):
+        for method, f1 in (("finetune", 70.0), ("kd", 71.0 if seed == 42 else 72.0)):
+            runs[f"squad-{method}-S{suffix}"] = {**_record("squad", seed, f1), "best": {"metric": "f1", "score": f1},
+                                                 "best_dev": {"f1": f1}}
+    spec = {"caption": "{student}:", "teachers": {"squad": "teacher-squad"}, "cell": "{task}-{method}-{student}",
+            "baseline": "finetune", "methods": ["kd"], "students": ["S"]}
+    row = protocol_table(runs, spec)[-1]
+    assert "| +1.5 ± 0.7 (" in row, row
+
+
 def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(monkeypatch):
     monkeypatch.chdir(Path(__file__).parents[1])  # benchmark plans are found from the repository root
     for name, tasks, lengths in (("protocol-dev", {"sst2", "mrpc", "stsb"}, {"e5": 5, "default": LENGTH_RULE}),
@@ -202,3 +216,11 @@ def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_mach
     for name in ("sst2-finetune-S-seed1", "sst2-finetune-S-seed2"):
         del runs[name]["teacher_best_dev"]
     assert protocol_table(runs, spec)[5] == "| sst2 | accuracy | 0.9000 | 0.8000 (88.9%, 1 seed) | – |"
+    from distilkit.evaluate.report import results_table
+
+    record = {"task": "squad", "method": "kd", "student": "S", "dev": {"metric": "f1", "score": 80.0,
+                                                                       "percent_of_teacher": 95.0},
+              "speed": {"formats": {"onnx_int8": {"student_dev": {"f1": 79.5}}}}, "params": {"total": 1e6,
+              "without_embeddings": 5e5}, "flops_per_sequence": None, "flop_ratio": None, "epochs": 1, "steps": 2,
+              "distill_wall_seconds": 3, "examples_per_second": 4, "teacher_forward_passes": 5, "peak_rss_mb": 6}
+    assert "| 79.5000 (-0.50) |" in results_table([record])[-1]  # the int8 change in points too (it read -50.00)

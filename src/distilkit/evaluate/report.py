@@ -46,7 +46,7 @@ def results_table(records: list[dict]) -> list[str]:
         int8_text = "–"
         if int8:
             score = int8["student_dev"][r["dev"]["metric"]]
-            int8_text = f"{score:.4f} ({100 * (score - r['dev']['score']):+.2f})"
+            int8_text = f"{score:.4f} ({point_scale(r) * (score - r['dev']['score']):+.2f})"
         flops = r["flops_per_sequence"]
         lines.append(
             f"| {r['method']} | {r['student']} | {r['dev']['score']:.4f} | {r['dev']['percent_of_teacher']:.1f}% "
@@ -435,7 +435,8 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
                 gains = [y - score(a, metric) for (_, a, _), y in zip(found, ours)]
                 # below by more than one sd: a judgement that needs a spread, so two seeds at least
                 mark = " ✗" if len(gains) > 1 and statistics.mean(gains) + statistics.stdev(gains) < 0 else ""
-                row.append(f"{spread(gains, points=True)} ({100 * statistics.mean(ours) / top:.1f}%"
+                row.append(f"{spread(gains, points=True, unit=point_scale(found[0][1]))} "
+                           f"({100 * statistics.mean(ours) / top:.1f}%"
                            f"{seed_count(len(found))}){mark}")
             rows.append("| " + " | ".join(row) + " |")
         if rows:
