@@ -370,6 +370,14 @@ def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="no cell named 'no-such-cell' \\(referenced by sst2-kd-L2\\)"):
         Plans(load_plan(path), path).cells()
+    # an exclude or override naming what is no axis (the seed) or no label of one matched nothing, silently
+    data["cells"][0]["axes"]["method"]["kd"] = {"method": {"name": "kd"}}
+    for rule in ({"exclude": [{"seed": "7"}]}, {"exclude": [{"method": "kd-t5"}]},
+                 {"overrides": [{"when": {"task": "mrpc"}, "set": {"train": {"epochs": 2}}}]}):
+        path.write_text(yaml.safe_dump({**data, "cells": [{**data["cells"][0], **rule}]}))
+        with pytest.raises(ConfigError, match=r"an exclude or override names (seed: 7|method: kd-t5|task: mrpc), "
+                                              r"which is no axis and label of theirs \(.*task: \['sst2'\]"):
+            Plans(load_plan(path), path).cells()
 
 
 def test_two_bench_processes_on_one_plan_train_a_shared_cell_once(tmp_path, glue_dir, tiny_teacher, monkeypatch):

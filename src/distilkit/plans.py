@@ -194,6 +194,12 @@ def expand(plan: Plan) -> dict[str, tuple[dict, dict[str, str], dict]]:
     for group in plan.cells:
         axes = list(group.axes.items())
         seeds = group.seeds or [None]
+        for rule in [*group.exclude, *(o.when for o in group.overrides)]:  # else a rule silently matches nothing
+            unknown = [f"{a}: {v}" for a, v in rule.items() if a not in group.axes or v not in group.axes[a]]
+            if unknown:
+                raise ConfigError(f"plan {plan.name}, cells {group.name}: an exclude or override names "
+                                  f"{', '.join(unknown)}, which is no axis and label of theirs "
+                                  f"({', '.join(f'{a}: {list(v)}' for a, v in group.axes.items()) or 'no axes'})")
         for combo in product(*[list(labels.items()) for _, labels in axes]):
             labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
             if any(all(labels.get(a) == v for a, v in rule.items()) for rule in group.exclude):
