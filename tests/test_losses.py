@@ -40,6 +40,15 @@ def test_soft_ce_minus_kl_is_teacher_entropy():
     assert gap == pytest.approx(entropy, abs=1e-5)
 
 
+def test_logit_mse_is_tang_eq2_summed_over_classes_and_real_tokens():
+    """‖zᵀ − zˢ‖² per example, averaged over the batch: (1 + 4) / 2 for these two rows (F.mse_loss gave 5 / 6)."""
+    student, teacher = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]]), torch.zeros(2, 3)
+    assert losses.logit_mse(student, teacher).item() == pytest.approx(2.5)
+    spans = torch.tensor([[[1.0, 1.0, 5.0], [2.0, 0.0, 5.0]]])  # (B=1, start/end, T=3), the last token padding
+    mask = torch.tensor([[1, 1, 0]])
+    assert losses.logit_mse(spans, torch.zeros(1, 2, 3), mask).item() == pytest.approx((2 + 4) / 2)
+
+
 def test_mse_hand_value():
     assert losses.mse(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0])).item() == pytest.approx(2.5)
 

@@ -134,7 +134,8 @@ def test_kd_logit_mse_is_tang_et_al_eq2():
     student = Features(attention_mask=torch.ones(2, 1), logits=torch.tensor([[1.0, 2.0], [0.0, 0.0]]))
     teacher = Features(attention_mask=torch.ones(2, 1), logits=torch.tensor([[3.0, 2.0], [1.0, -1.0]]))
     terms = method.loss_terms({}, student, teacher, Progress(0, 1))
-    assert terms["soft"].item() == pytest.approx((4 + 0 + 1 + 1) / 4)  # mean of squared logit differences
+    # ‖zᵀ − zˢ‖² per example, averaged over the 2 examples (it was averaged over the 4 logits too: 1/C of eq. 2)
+    assert terms["soft"].item() == pytest.approx((4 + 0 + 1 + 1) / 2)
 
 
 def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):

@@ -47,8 +47,19 @@ def kl_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, te
     return (teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)).sum(-1).mean()
 
 
+def logit_mse(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Tang et al. (2019) eq. (2): ‖zᵀ − zˢ‖², the squared distance summed over the classes, averaged over the
+    batch (not over classes too: that is 1/C of it, and moves their α's balance with the label term by C).
+    Span logits (B, 2, T): summed over the real tokens of each start and end distribution, padding left out."""
+    difference = (student_logits.float() - teacher_logits.float()) ** 2
+    if difference.dim() == 3 and attention_mask is not None:
+        difference = difference * attention_mask[:, None, :].to(difference.dtype)
+    return difference.sum(-1).mean()
+
+
 def mse(student: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error: logit matching (Tang et al. 2019 eq. 2; regression KD in LRC-BERT and Hinton)."""
+    """Mean squared error: regression KD (LRC-BERT, Hinton on a score) and the regression task's label loss."""
     return F.mse_loss(student.float().reshape(target.shape), target.float())
 
 

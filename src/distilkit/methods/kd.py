@@ -67,7 +67,7 @@ class KD(Method):
     def loss_terms(self, batch, student, teacher, progress):
         p = self.params
         if p.objective == "logit_mse":
-            soft = losses.mse(student.logits, teacher.logits)
+            soft = losses.logit_mse(student.logits, teacher.logits, student.attention_mask)
         else:
             soft = self.soft_label_loss(student.logits, teacher.logits, p.temperature, "scaled_kl")
         hard = self.label_loss(student.logits, batch["labels"]) if p.hard_weight else None
