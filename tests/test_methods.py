@@ -119,6 +119,11 @@ def test_tinybert_label_term_by_default_only_for_a_score_with_gold_labels():
 def test_tinybert_projects_when_widths_differ_and_checks_heads():
     method = _method({"name": "tinybert"}, width=4, teacher_width=8)
     assert isinstance(method.projections[1], torch.nn.Linear) and method.projections[1].in_features == 4
+    # W_e and one W_h for both distilled layers (eqs. 8-9; it learned one per layer)
+    assert len(method.projections) == 2 and method.mapping == [2, 4]
+    hidden = torch.randn(1, 3, 4)
+    assert torch.equal(method.projected(1, hidden), method.projected(2, hidden))
+    assert not torch.equal(method.projected(0, hidden), method.projected(1, hidden))
     with pytest.raises(ValueError, match="heads"):
         _method({"name": "tinybert"}, heads=3, teacher_heads=2)
     assert _method({"name": "tinybert", "attention_weight": 0}, heads=3, teacher_heads=2).mapping == [2, 4]

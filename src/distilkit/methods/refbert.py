@@ -121,6 +121,8 @@ class RefBERT(TinyBERT):
         blank_references: bool = False  # ablation: every reference empty
         missing_reference: Literal["blank", "error"] = "blank"  # an input with no BM25 match: counted, or stop
 
+    per_layer_projections = True  # W_e and one W_l per distilled layer (eqs. 35-36)
+
     @classmethod
     def token_aligned_terms(cls, params):
         return "matches hidden states and attention scores token by token (TinyBERT's losses)"

@@ -64,8 +64,16 @@ class TinyBERT(Method):
         if params.attention_weight and ctx.student.num_heads != ctx.teacher.config.num_attention_heads:
             raise ValueError(f"attention distillation compares heads one to one: the student has "
                              f"{ctx.student.num_heads} heads, the teacher {ctx.teacher.config.num_attention_heads}")
-        # W_e and W_h: one projection per distilled layer (index 0 = embeddings)
-        self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(len(self.mapping) + 1))
+        # W_e (eq. 9) at index 0 and W_h (eq. 8): one W_h for every layer, as in the paper and its released code (one
+        # `fit_dense`); a subclass with one per layer (RefBERT's W_l, its eq. 36) sets per_layer_projections
+        count = len(self.mapping) + 1 if self.per_layer_projections else 2
+        self.projections = nn.ModuleList(projection(s_width, t_width) for _ in range(count))
+
+    per_layer_projections = False
+
+    def projected(self, layer: int, hidden):
+        """Student layer `layer`'s states (0: the embeddings) in the teacher's width."""
+        return self.projections[min(layer, len(self.projections) - 1)](hidden)
 
     def uses_labels(self):
         return self.params.hard_weight > 0
@@ -109,11 +117,11 @@ class TinyBERT(Method):
         terms = {}
         if self._intermediate(progress):
             terms["embedding"] = (p.embedding_weight, losses.hidden_mse(
-                self.projections[0](student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)
+                self.projected(0, student.hidden[0]), teacher.hidden[0], mask) if p.embedding_weight else None)
             hidden = attention = 0.0
             for s_layer, t_layer in enumerate(self.mapping, start=1):
                 if p.hidden_weight:
-                    hidden = hidden + losses.hidden_mse(self.projections[s_layer](student.hidden[s_layer]),
+                    hidden = hidden + losses.hidden_mse(self.projected(s_layer, student.hidden[s_layer]),
                                                         teacher.hidden[t_layer], mask)
                 if p.attention_weight:
                     attention = attention + losses.attention_mse(student.attention[s_layer],
