@@ -331,6 +331,13 @@ def test_codir_fine_tuning_negatives_have_another_label():
     assert (labels[ids[0]] == 1).all() and (labels[ids[1]] == 0).all()
 
 
+def test_codir_label_aware_negatives_refuse_a_bank_smaller_than_the_training_set():
+    """Rows shared by id modulo a smaller bank mixed labels: a 'different-label' negative could be the positive's row."""
+    with pytest.raises(ValueError, match=r"method.bank_size=3 is below the 6 training examples"):
+        _codir(bank_size=3)
+    assert _codir(bank_size=6).memory.shape[0] == 6
+
+
 def test_codir_batch_negatives_are_other_rows_of_the_batch():
     method = _codir(negative_sampling="batch", negatives=10)
     ids = method.negative_rows({"example_ids": torch.tensor([5, 2, 3])})

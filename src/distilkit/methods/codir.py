@@ -95,6 +95,11 @@ class CoDIR(Method):
         classes = ctx.train_labels is not None and not ctx.task.is_regression and not ctx.task.answer_spans
         fine_tuning_on_classes = params.objective == "finetune" and classes
         self.negative_sampling = params.negative_sampling or ("other_label" if fine_tuning_on_classes else "batch")
+        if self.negative_sampling == "other_label" and ctx.train_size and rows < ctx.train_size:
+            raise ValueError(f"negative_sampling=other_label reads each negative from its own bank row, but "
+                             f"method.bank_size={rows} is below the {ctx.train_size} training examples, so rows would "
+                             "be shared across labels (a negative could be the positive's own row): leave bank_size "
+                             "unset (one row per example)")
         if self.negative_sampling == "bank" and rows < 2:
             raise ValueError("negative_sampling=bank needs a bank of at least 2 rows")
         self.register_buffer("memory", torch.rand(rows, params.dim) * 2 * bound - bound)
