@@ -20,9 +20,12 @@ def kd_config(glue_dir, teacher, out) -> dict:
 
 
 def card_scores(card: ModelCard) -> dict:
+    """By distilkit's split names: the Hub's GLUE and SQuAD call the dev split "validation"."""
     scores: dict = {}
     for result in card.data.eval_results:
-        scores.setdefault(result.dataset_split, {})[result.metric_type] = result.metric_value
+        split = {"validation": "dev", "validation_matched": "dev_matched"}.get(result.dataset_split,
+                                                                              result.dataset_split)
+        scores.setdefault(split, {})[result.metric_type] = result.metric_value
     return scores
 
 
@@ -45,6 +48,7 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
         card = ModelCard.load(out / folder / "README.md", ignore_metadata_errors=False)
         assert scores and card_scores(card) == scores, folder
         assert card.data.pipeline_tag == "text-classification" and card.data.datasets == ["nyu-mll/glue"]
+        assert {r.dataset_split for r in card.data.eval_results} == {"validation"}  # the Hub's name of GLUE's dev
         assert card.data.distillation["method"] == "kd" and "Hinton" in card.data.distillation["paper"]
         assert card.data.distillation["teacher"] == str(tiny_teacher)
         assert "```yaml" in card.text and "method:" in card.text  # the config that made it
@@ -170,3 +174,17 @@ def test_teacher_scores_are_kept_by_teacher_tokens_and_gold_labels(tiny_teacher,
     assert against_teacher.teacher_scores(teacher, dev([1, 1, 1, 0]), task, 2, tmp_path) == first and not scored
     flipped = against_teacher.teacher_scores(teacher, dev([0, 0, 0, 1]), task, 2, tmp_path)  # other gold labels
     assert scored == [1] and flipped["dev"]["accuracy"] == pytest.approx(1 - first["dev"]["accuracy"])
+
+
+def test_scores_on_a_dev_set_that_is_not_the_dataset_s_are_not_published_as_its_results(tmp_path, tiny_teacher):
+    """A dev set held out of train (QQP here has no dev file), or capped, was published as GLUE's dev results."""
+    from conftest import write_glue
+
+    glue_dir = write_glue(tmp_path / "data")
+    for name, data in (("held-out", {"dev_from_train": 16}), ("capped", {"max_eval_examples": 8}), ("whole", {})):
+        config = kd_config(glue_dir, tiny_teacher, tmp_path / name)
+        config["data"].update(data)
+        metrics = run_experiment(build_config(config))
+        card = ModelCard.load(tmp_path / name / "best" / "README.md", ignore_metadata_errors=False)
+        assert "## Dev scores" in card.text and f"{metrics['best_scores']['dev']['accuracy']:.4f}" in card.text
+        assert bool(card.data.eval_results) == (name == "whole"), name

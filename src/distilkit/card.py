@@ -52,12 +52,19 @@ def command_line() -> str | None:
     return None
 
 
+# the Hub's names of GLUE's and SQuAD's dev splits
+HUB_SPLITS = {"dev": "validation", "dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched"}
+
+
 def _eval_results(task: str, scores: dict, dataset: str | None, dataset_config: str | None) -> list[EvalResult]:
+    """Model-index results on the dataset's published split. SQuAD v2.0's best_* scores take the no-answer threshold
+    tuned on that same dev set, so they stay in the card's table and are not published as results."""
     task_type = "question-answering" if task in QA_TASKS else "text-classification"
+    hub_split = HUB_SPLITS if dataset in ("nyu-mll/glue", *(t.hub_name for t in QA_TASKS.values())) else {}
     return [EvalResult(task_type=task_type, dataset_type=dataset or task, dataset_name=f"{task} {split}",
-                       dataset_config=dataset_config, dataset_split=split, metric_type=metric,
+                       dataset_config=dataset_config, dataset_split=hub_split.get(split, split), metric_type=metric,
                        metric_value=value, metric_name=f"{split} {metric}")
-            for split, metrics in scores.items() for metric, value in metrics.items()]
+            for split, metrics in scores.items() for metric, value in metrics.items() if not metric.startswith("best_")]
 
 
 def _scores_table(scores: dict, teacher_scores: dict) -> str:
@@ -78,7 +85,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
     paper = metadata.get("paper")
     qa = task in QA_TASKS  # extractive QA: a span head, scored by SQuAD's EM and F1
     glue = task not in (None, "custom", "unlabeled") and not qa
-    own_files = bool((metadata.get("task_config") or {}).get("train_file"))  # SQuAD-format files of the user's
+    recorded = metadata.get("task_config") or {}
+    own_files = bool(recorded.get("train_file") or recorded.get("dev_file"))  # SQuAD-format files of the user's
     dataset = "nyu-mll/glue" if glue else QA_TASKS[task].hub_name if qa and not own_files else metadata.get("dataset")
     classifier = metadata.get("kind", "transformer") == "transformer" and task != "unlabeled"
     data = ModelCardData(
@@ -92,7 +100,10 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
         metrics=sorted({m for split in scores.values() for m in split}) or None,
         # the Hub's model-index holds task results; a held-out distillation loss is no such result
-        eval_results=_eval_results(task, scores, dataset, task if glue else None) if classifier and scores else None,
+        # published as Hub results only when scored on the dataset's own dev split, whole (not a part held out of
+        # train, a capped or reduced dev set, or the user's files); the table below has them all
+        eval_results=_eval_results(task, scores, dataset, task if glue else None)
+        if classifier and scores and metadata.get("public_dev_split", True) else None,
         distillation={"method": method, "paper": paper, "teacher": teacher,
                       "teacher_hub_id": hub_id(teacher), "teacher_base_model": metadata.get("teacher_base_model"),
                       **({"teachers": metadata["teachers"], "teacher_weights": metadata["teacher_weights"]}

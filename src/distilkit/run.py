@@ -26,7 +26,8 @@ from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, read_split, resolve_data_dir
+from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, find_split_file, read_split, \
+    resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
                                                 teacher_scores)
@@ -256,7 +257,27 @@ def student_metadata(run: BuiltRun) -> dict:
             "teacher_base_model": model_origin(config.teacher.first), "base_model": model_origin(origin),
             **({"teachers": config.teacher.names, "teacher_weights": config.teacher.mix}
                if config.teacher.models else {}),
-            **({"doc_stride": run.task.doc_stride} if run.task.answer_spans else {})}
+            **({"doc_stride": run.task.doc_stride} if run.task.answer_spans else {}),
+            "public_dev_split": public_dev_split(config, run.task)}
+
+
+def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
+    """Whether the dev scores are on the dataset's own published dev split, whole, as a Hub result must be: not a
+    part held out of train (data.dev_from_train), a capped dev set, a reduced or reconstructed fallback file, or
+    the user's own files in place of the dataset's."""
+    data = config.data
+    if data.dev_from_train or data.max_eval_examples:
+        return False
+    if task.name == "custom" or data.source == "hub":
+        return True  # a custom task's scores are on its own splits, and a card names its dataset as its own
+    splits = config.eval.splits or task.dev_splits
+    if any(Path(name).is_absolute() for split in splits for name in task.split_files.get(split, ())):
+        return False  # SQuAD-format files of the user's
+    folder = resolve_data_dir(data.dir) / (task.folder if task.answer_spans else Path("glue") / task.folder)
+    try:
+        return all(find_split_file(task, folder, split).name == task.split_files[split][0] for split in splits)
+    except (DataError, KeyError):
+        return False
 
 
 def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
