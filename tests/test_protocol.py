@@ -224,3 +224,16 @@ def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_mach
               "without_embeddings": 5e5}, "flops_per_sequence": None, "flop_ratio": None, "epochs": 1, "steps": 2,
               "distill_wall_seconds": 3, "examples_per_second": 4, "teacher_forward_passes": 5, "peak_rss_mb": 6}
     assert "| 79.5000 (-0.50) |" in results_table([record])[-1]  # the int8 change in points too (it read -50.00)
+
+
+def test_runs_pair_only_on_one_kind_of_machine_not_just_one_cpu_name():
+    """An AVX2 and an AVX512 EPYC share a name; so do two transformers versions on one CPU: their runs of one
+    config and seed differ, so they are no pair (they were paired by the CPU's name alone)."""
+    from distilkit.evaluate.report import paired
+
+    def run(seed, score, capability="AVX512", transformers="5.24.0"):
+        return {**_record("sst2", seed, score), "environment": {"cpu": "AMD EPYC", "cpu_capability": capability,
+                                                               "torch": "2.13.0+cpu", "transformers": transformers}}
+    runs = {"a": run(42, 0.8), "b": run(42, 0.81, capability="AVX2"), "a-seed1": run(1, 0.8),
+            "b-seed1": run(1, 0.82), "a-seed2": run(2, 0.8), "b-seed2": run(2, 0.83, transformers="5.23.0")}
+    assert [seed for seed, _, _ in paired(runs, "a", "b")] == [1]

@@ -341,7 +341,7 @@ def submit(model: Annotated[Path, typer.Argument(help="a saved student folder (o
     from distilkit.data.tasks import glue_task
     from distilkit.evaluate.submission import glue_test_splits, write_submission
     from distilkit.export import inference_model
-    from distilkit.models.student import load_tokenizer, read_metadata
+    from distilkit.models.student import in_task_order, load_tokenizer, read_metadata
 
     try:
         meta = read_metadata(model)

@@ -284,7 +284,13 @@ def machine(records: list[dict]) -> str:
 
 
 def cpu(record: dict) -> str | None:
-    return record.get("environment", {}).get("cpu")
+    """The kind of machine a run trained on, as far as it decides the numbers: the CPU and the instruction set torch
+    used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions."""
+    env = record.get("environment", {})
+    if not env.get("cpu"):
+        return None
+    return ", ".join(str(v) for v in (env["cpu"], env.get("cpu_capability"), env.get("torch"), env.get("transformers"))
+                     if v)
 
 
 def runs_table(runs: dict[str, dict]) -> list[str]:
@@ -389,10 +395,9 @@ def row_teacher(teacher: dict | None, baseline: dict[int, dict]) -> dict | None:
     for machine in sorted(counts, key=lambda c: (counts[c], c == cpu(teacher)), reverse=True):
         if machine == cpu(teacher):
             return teacher
-        carried = next((r["teacher_best_dev"] for r in baseline.values()
-                        if cpu(r) == machine and r.get("teacher_best_dev")), None)
-        if carried is not None:
-            return {**teacher, "best_dev": carried, "environment": {**teacher.get("environment", {}), "cpu": machine}}
+        carrier = next((r for r in baseline.values() if cpu(r) == machine and r.get("teacher_best_dev")), None)
+        if carrier is not None:  # the teacher as the students of that machine saw it
+            return {**teacher, "best_dev": carrier["teacher_best_dev"], "environment": carrier["environment"]}
     return None
 
 
@@ -568,9 +573,10 @@ def similarity_tables(steps: dict[str, dict]) -> list[str]:
 
 
 def epoch_seconds_table(runs: dict[str, dict]) -> list[str]:
-    return ["", "Seconds per epoch (same machine, one run after another):", "", "| run | method | s/epoch |",
-            "|---|---|---|", *[f"| {name} | {r['method']} | {r['train_seconds'] / r['epochs']:.1f} |"
-                               for name, r in runs.items()]]
+    """Compare rows of one machine only (the column says which)."""
+    return ["", "Seconds per epoch (compare rows of one machine only):", "", "| run | method | s/epoch | machine |",
+            "|---|---|---|---|", *[f"| {name} | {r['method']} | {r['train_seconds'] / r['epochs']:.1f} | {cpu(r)} |"
+                                   for name, r in runs.items()]]
 
 
 def latency_tables(steps: dict[str, dict]) -> list[str]:
