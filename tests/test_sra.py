@@ -159,6 +159,11 @@ def test_best_threshold_by_hand():
     assert best_threshold(cosine, labels) == pytest.approx(0.3)
     assert best_threshold(np.array([0.5, 0.7]), np.array([1, 1])) == pytest.approx(0.5)  # all positive
     assert best_threshold(np.array([0.5, 0.7]), np.array([0, 0])) > 0.7  # all negative
+    # equal cosines cannot be split by a threshold: [0.1, 0.1, 0.1] labelled 0 0 1 is best called all negative
+    # (2 of 3 right); it cut between the equal values, which >= cannot do, and got 1 of 3
+    cosine, labels = np.array([0.1, 0.1, 0.1]), np.array([0, 0, 1])
+    threshold = best_threshold(cosine, labels)
+    assert ((cosine >= threshold) == labels.astype(bool)).sum() == 2
 
 
 def test_untuned_similarity_on_a_paraphrase_task_fits_its_threshold_on_train(tmp_path, glue_dir, tiny_base_model):

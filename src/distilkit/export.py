@@ -194,7 +194,7 @@ def _quantize_checked(onnx_path: Path, out_path: Path, name: str, model_dir: Pat
             break
     # a warning, so the CLI (which configures no logging) shows it too
     log.warning("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
-             "%.1f%% of %s; now agrees on %.2f%%", name, ", ".join(kept_fp32), 100 * min_agreement, source,
+             "%.1f%% of %s; now agrees on %.2f%%", out_path.name, ", ".join(kept_fp32), 100 * min_agreement, source,
              100 * agreement)
     return {"checked": True, "calibration": source, "agreement": agreement, "layers_fp32": kept_fp32,
             "all_int8_agreement": all_int8, "sensitivity": sensitivity}

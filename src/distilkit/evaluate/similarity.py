@@ -56,7 +56,10 @@ def best_threshold(cosine: np.ndarray, labels: np.ndarray) -> float:
     # cutting before sorted position i calls pairs [0, i) negative and [i, n) positive
     negatives_below = np.concatenate([[0], np.cumsum(1 - positive)])
     positives_from = positive.sum() - np.concatenate([[0], np.cumsum(positive)])
-    i = int(np.argmax(negatives_below + positives_from))
+    correct = negatives_below + positives_from
+    # a threshold (compared with >=) cannot cut between equal cosines: only cuts between distinct values count
+    correct[1:-1][values[1:] == values[:-1]] = -1
+    i = int(np.argmax(correct))
     if i == len(values):
         return float(values[-1]) + 1e-6  # every pair negative
     return float(values[i]) if i == 0 else float((values[i - 1] + values[i]) / 2)
