@@ -188,3 +188,17 @@ def test_scores_on_a_dev_set_that_is_not_the_dataset_s_are_not_published_as_its_
         card = ModelCard.load(tmp_path / name / "best" / "README.md", ignore_metadata_errors=False)
         assert "## Dev scores" in card.text and f"{metrics['best_scores']['dev']['accuracy']:.4f}" in card.text
         assert bool(card.data.eval_results) == (name == "whole"), name
+
+
+def test_the_cards_side_by_side_speed_times_both_models_padded(tmp_path, glue_dir, tiny_teacher, monkeypatch):
+    """The student kept train.packing (on by default) while the teacher ran padded: a ratio of two conditions."""
+    from distilkit.evaluate import against_teacher
+
+    seen = []
+    real = against_teacher.dev_throughput
+    monkeypatch.setattr(against_teacher, "dev_throughput",
+                        lambda model, *args: seen.append(getattr(model, "packing", False)) or real(model, *args))
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "run")
+    assert build_config(config).train.packing
+    run_experiment(build_config(config))
+    assert seen == [False, False]  # student, then teacher

@@ -162,8 +162,18 @@ def measure_against_teacher(student, teacher, eval_data: dict, task, batch_size:
     split = next(iter(labeled))
     student_sample = EvenSample(labeled[split], THROUGHPUT_EXAMPLES)
     teacher_sample = EvenSample(labeled[split].teacher_reads, THROUGHPUT_EXAMPLES)  # the same examples
+    # both padded, as a saved model runs when loaded: a student trained with train.packing kept it on here, and its
+    # speed beside the padded teacher's was the packing's as much as the smaller model's
+    packed = getattr(student, "packing", False)
+    if packed:
+        student.use_packing(False)
+    try:
+        student_speed = dev_throughput(student, student_sample, batch_size)
+    finally:
+        if packed:
+            student.use_packing(True)
     return {"teacher_scores": scores or teacher_scores(teacher, eval_data, task, batch_size),
-            "dev_throughput": {"student": dev_throughput(student, student_sample, batch_size),
+            "dev_throughput": {"student": student_speed,
                                "teacher": dev_throughput(teacher_model, teacher_sample, batch_size),
                                "split": split, "examples": len(student_sample), "batch_size": batch_size,
                                "threads": torch.get_num_threads()}}
