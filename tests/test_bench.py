@@ -280,6 +280,19 @@ def test_plan_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, t
     Plans(load_plan(path), path).run()
     assert {p.name: p.read_text() for p in (tmp_path / "results" / "records").iterdir()} == before
 
+    # a model it reads by path changed since (a teacher folder re-saved, an MLM head a step refits): trained again
+    run_dir = Path(kd["dir"])
+    done = (run_dir / "metrics.json").stat().st_mtime
+    plans = Plans(load_plan(path), path)
+    assert plans.finished(plans.cell("sst2-kd-L2"))
+    later = done + 10
+    os.utime(tiny_teacher / "model.safetensors", (later, later))
+    try:
+        assert not Plans(load_plan(path), path).finished(plans.cell("sst2-kd-L2"))
+    finally:
+        os.utime(tiny_teacher / "model.safetensors", (done - 10, done - 10))  # the fixture is shared
+    assert Plans(load_plan(path), path).finished(plans.cell("sst2-kd-L2"))
+
     # a missing format is measured alone, without retraining
     int8 = kd["speed"]["formats"].pop("onnx_int8")
     (tmp_path / "results" / "records" / "sst2-kd-L2.json").write_text(json.dumps(kd))

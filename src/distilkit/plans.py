@@ -188,6 +188,30 @@ def _format(value, labels: dict[str, str]):
     return value
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def local_models(config: ExperimentConfig) -> list[Path]:
+    """The model folders on disk a cell's config names anywhere (teacher, student start, smoothing teacher, the MLM
+    that augments): any string field that is a folder holding a config.json."""
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from strings(item)
+    found = {Path(v) for v in strings(config.model_dump(mode="json")) if "/" in v or Path(v).is_dir()}
+    return sorted(p for p in found if p.is_dir() and (p / "config.json").is_file())
+
+
+def weights_mtime(model: Path) -> float:
+    """When a model folder's weights (or a fitted head beside them) last changed."""
+    return max((f.stat().st_mtime for f in model.iterdir() if f.suffix in WEIGHT_SUFFIXES), default=0.0)
+
+
 def expand(plan: Plan) -> dict[str, tuple[dict, dict[str, str], dict]]:
     """Every cell's name -> (experiment fields, labels, plan keys), before references are resolved."""
     out: dict[str, tuple[dict, dict[str, str], dict]] = {}
@@ -294,6 +318,8 @@ class Plans:
         if not saved.is_file() or not same_config(saved.read_text(), dump_config(cell.config)):
             return False
         done_at = metrics.stat().st_mtime
+        if any(weights_mtime(model) > done_at for model in local_models(cell.config)):
+            return False  # a model it reads by path (an MLM head a step refits, a teacher folder) changed since
         return all((self.cell(u).dir / "metrics.json").stat().st_mtime <= done_at for u in cell.upstream)
 
     def train(self, cell: Cell) -> dict:
