@@ -237,3 +237,12 @@ def test_runs_pair_only_on_one_kind_of_machine_not_just_one_cpu_name():
     runs = {"a": run(42, 0.8), "b": run(42, 0.81, capability="AVX2"), "a-seed1": run(1, 0.8),
             "b-seed1": run(1, 0.82), "a-seed2": run(2, 0.8), "b-seed2": run(2, 0.83, transformers="5.23.0")}
     assert [seed for seed, _, _ in paired(runs, "a", "b")] == [1]
+    from distilkit.evaluate.report import paired_table
+
+    spec = {"caption": "pairs:", "columns": ["a", "b"], "metrics": ["accuracy"],
+            "rows": {"a then b": ["a", "b"], "a then b-other": ["a", "b-other"]}}
+    runs["b-other"] = run(42, 0.9, capability="AVX2")
+    runs = {k: v for k, v in runs.items() if k in ("a", "b", "b-other", "a-seed1", "b-seed1")}
+    lines = paired_table(runs, spec, None)
+    assert any(line.startswith("| a then b | 1 |") for line in lines)
+    assert lines[-1] == "Rows left out, their runs on different machines: a then b-other."  # it vanished unsaid

@@ -376,6 +376,10 @@ def paired_table(runs: dict[str, dict], spec: dict, out_dir: Path) -> list[str]:
         lines.append(f"| {label} | {', '.join(str(seed) for seed, _, _ in found)} | " + " | ".join(cells) + " |")
     if missing:
         lines += ["", f"Not in every record, so left out: {', '.join(missing)} at the best checkpoint."]
+    unpaired = [label for label, (a, b) in spec["rows"].items()
+                if label not in pairs and seeded(runs, a) and seeded(runs, b)]
+    if unpaired:  # both cells ran, but on no one kind of machine at a shared seed
+        lines += ["", f"Rows left out, their runs on different machines: {'; '.join(unpaired)}."]
     if spec.get("plot") and spec.get("plot_metric", metrics[0]) in metrics:
         plot_pairs(pairs, spec, out_dir / spec["plot"])
         lines += ["", f"![{spec.get('plot_title', 'comparison')}]({spec['plot']})"]
