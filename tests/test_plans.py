@@ -198,3 +198,33 @@ def test_cli_bench_reports_bad_plans(tmp_path):
     assert "Traceback" not in result.stderr
     with pytest.raises(ConfigError, match="no plan named 'no-such-plan'; plans by name: .*demo"):
         load_plan("no-such-plan")
+
+
+def test_a_used_cell_s_record_follows_a_rerun_on_the_same_machine_and_is_kept_across_machines(
+        tmp_path, tiny_base_model, tiny_teacher, glue_dir, launched):
+    """The record of a cell another cell used (its teacher, its start) was kept whenever its config was equal, so a
+    same-machine rerun with other scores left the old run's numbers in the record (and the protocol tables)."""
+    import os
+
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    path = write(tmp_path, plan)
+    Plans(load_plan(path)).run(only=["task-kd"])
+    record_file = tmp_path / "results" / "records" / "general.json"
+    metrics_file = tmp_path / "plan" / "general" / "metrics.json"
+    stamp = metrics_file.stat().st_mtime
+
+    def rerun_general(loss: float, cpu: str | None = None):
+        metrics = json.loads(metrics_file.read_text())
+        metrics["best"]["score"] = loss  # another run of the same config
+        metrics_file.write_text(json.dumps(metrics))
+        if cpu:
+            env_file = tmp_path / "plan" / "general" / "env.json"
+            env_file.write_text(json.dumps({**json.loads(env_file.read_text()), "cpu": cpu}))
+        os.utime(metrics_file, (stamp, stamp))  # not newer than task-kd: nothing retrains
+        Plans(load_plan(path)).run(only=["task-kd"])
+        return json.loads(record_file.read_text())["best"]["score"]
+
+    assert rerun_general(1.25) == 1.25  # the same machine: the record is this run's
+    assert rerun_general(2.5, cpu="Another CPU") == 1.25  # another machine: the record's run is kept
+    assert launched == ["general", "task-kd"]  # each trained once

@@ -266,15 +266,15 @@ def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
     part held out of train (data.dev_from_train), a capped dev set, a reduced or reconstructed fallback file, or
     the user's own files in place of the dataset's."""
     data = config.data
-    if data.dev_from_train or data.max_eval_examples:
-        return False
+    if task.unlabeled or data.dev_from_train or data.max_eval_examples:
+        return False  # a corpus's held-out text is no dataset's split
     if task.name == "custom" or data.source == "hub":
         return True  # a custom task's scores are on its own splits, and a card names its dataset as its own
     splits = config.eval.splits or task.dev_splits
     if any(Path(name).is_absolute() for split in splits for name in task.split_files.get(split, ())):
         return False  # SQuAD-format files of the user's
-    folder = resolve_data_dir(data.dir) / (task.folder if task.answer_spans else Path("glue") / task.folder)
     try:
+        folder = resolve_data_dir(data.dir) / (task.folder if task.answer_spans else Path("glue") / task.folder)
         return all(find_split_file(task, folder, split).name == task.split_files[split][0] for split in splits)
     except (DataError, KeyError):
         return False
