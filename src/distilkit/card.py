@@ -100,8 +100,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         tags=["distilkit", "knowledge-distillation", *(t for t in (method, task) if t)],
         metrics=sorted({m for split in scores.values() for m in split}) or None,
         # the Hub's model-index holds task results; a held-out distillation loss is no such result
-        # published as Hub results only when scored on the dataset's own dev split, whole (not a part held out of
-        # train, a capped or reduced dev set, or the user's files); the table below has them all
+        # published as Hub results only when scored on a whole dev split of the data it names (not a part held out
+        # of train, a capped or reduced dev set); the table below has them all
         eval_results=_eval_results(task, scores, dataset, task if glue else None)
         if classifier and scores and metadata.get("public_dev_split", True) else None,
         distillation={"method": method, "paper": paper, "teacher": teacher,

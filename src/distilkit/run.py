@@ -262,9 +262,9 @@ def student_metadata(run: BuiltRun) -> dict:
 
 
 def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
-    """Whether the dev scores are on the dataset's own published dev split, whole, as a Hub result must be: not a
-    part held out of train (data.dev_from_train), a capped dev set, a reduced or reconstructed fallback file, or
-    the user's own files in place of the dataset's."""
+    """Whether the dev scores are on a whole dev split of the dataset the card names, as a Hub result must be: not
+    a part held out of train (data.dev_from_train), a capped dev set, or a reduced or reconstructed fallback file of
+    GLUE's or SQuAD's. A user's own files are their own dataset (the card then names no Hub dataset)."""
     data = config.data
     if task.unlabeled or data.dev_from_train or data.max_eval_examples:
         return False  # a corpus's held-out text is no dataset's split
@@ -272,7 +272,7 @@ def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
         return True  # a custom task's scores are on its own splits, and a card names its dataset as its own
     splits = config.eval.splits or task.dev_splits
     if any(Path(name).is_absolute() for split in splits for name in task.split_files.get(split, ())):
-        return False  # SQuAD-format files of the user's
+        return True  # SQuAD-format files of the user's: their own split, and the card names no Hub dataset
     try:
         folder = resolve_data_dir(data.dir) / (task.folder if task.answer_spans else Path("glue") / task.folder)
         return all(find_split_file(task, folder, split).name == task.split_files[split][0] for split in splits)
