@@ -473,9 +473,11 @@ class Plans:
         old = path.read_text() if path.is_file() else None
         if old == text:
             return
+        from distilkit.evaluate.report import cpu  # the kind of machine
+
         # kept only when the rerun was on another kind of machine: a same-machine rerun is the run the record describes
         if dependency and old is not None and (kept := json.loads(old))["config"] == record["config"] \
-                and machine_kind(kept) != machine_kind(record):
+                and cpu(kept) != cpu(record):
             print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
                   f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
             return
@@ -605,12 +607,6 @@ class Plans:
                 fmt, student, teacher, dev, spec, student_dev, sentences=s.sentences, warmup=s.warmup,
                 throughput_sentences=s.throughput_sentences, batch_size=s.batch_size)
             atomic_write_text(path, json.dumps(record, indent=2))
-
-
-def machine_kind(record: dict) -> str | None:
-    from distilkit.evaluate.report import cpu
-
-    return cpu(record)
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:
