@@ -174,6 +174,10 @@ class DataConfig(StrictModel):
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
     augment: AugmentConfig | None = None  # augmented transfer set for task distillation
+    # in-domain texts without labels, in the task's file format (a label column is not read; a relative path is
+    # looked up in the working folder, then under data.dir): added to the training examples, and the teacher labels
+    # the whole set (Hinton et al.'s transfer set; what TinyBERT's and Tang et al.'s augmentation stand in for)
+    unlabeled_file: str | None = None
     mlm_probability: float | None = Field(None, gt=0, lt=1)  # BERT MLM masking of every batch (0.15)
 
 
@@ -407,6 +411,11 @@ class ExperimentConfig(StrictModel):
             raise ValueError("a streamed corpus has no known size: set train.max_steps")
         if unlabeled and self.data.augment is not None:
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
+        if unlabeled and self.data.unlabeled_file:
+            raise ValueError("data.unlabeled_file adds texts to a task's examples; a corpus is unlabeled already")
+        if self.data.unlabeled_file and not (self.teacher.first and self.method.needs_teacher):
+            raise ValueError("data.unlabeled_file is labelled by the teacher: set teacher.model and a distillation "
+                             "method")
         if self.data.augment is not None and not (self.data.augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
@@ -414,8 +423,9 @@ class ExperimentConfig(StrictModel):
             if spans and self.task.doc_stride >= self.data.max_length:
                 raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
                                  f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
-            if spans and self.data.augment is not None:
-                raise ValueError("data.augment alters single sentences or pairs; it does not apply to SQuAD")
+            if spans and (self.data.augment is not None or self.data.unlabeled_file):
+                raise ValueError("data.augment and data.unlabeled_file add sentences or pairs; they do not apply to "
+                                 "SQuAD")
         if self.method.student_kind not in (None, self.student.kind):
             raise ValueError(f"method {self.method.name!r} trains a {self.method.student_kind} student, not a "
                              f"{self.student.kind}: set student.kind={self.method.student_kind}")

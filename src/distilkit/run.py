@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, find_split_file, read_split, \
-    resolve_data_dir
+    read_unlabeled, resolve_data_dir
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
                                                 teacher_scores)
@@ -78,12 +79,12 @@ def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Ex
     return capped(train, config.data.max_train_examples), dev
 
 
-def load_eval_data(config, task, tokenizer, held_out_dev: list[Example] = (),
-                   teacher_tokenizer=None) -> dict[str, TokenizedDataset]:
+def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[Example] = ()
+                  ) -> dict[str, list[Example]]:
+    """The examples of each split scored: the held-out part of the training file, else the task's dev splits."""
     if held_out_dev:  # data.dev_from_train: the dev split comes from the training file
-        return {"dev": task_dataset(task, capped(list(held_out_dev), config.data.max_eval_examples), tokenizer,
-                                    config.data.max_length, teacher_tokenizer=teacher_tokenizer)}
-    datasets = {}
+        return {"dev": capped(list(held_out_dev), config.data.max_eval_examples)}
+    splits = {}
     for split in config.eval.splits or task.dev_splits:
         try:
             examples = read_split(task, split, config.data)
@@ -92,11 +93,29 @@ def load_eval_data(config, task, tokenizer, held_out_dev: list[Example] = (),
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
             continue
-        datasets[split] = task_dataset(task, capped(examples, config.data.max_eval_examples), tokenizer,
-                                       config.data.max_length, teacher_tokenizer=teacher_tokenizer)
-    return datasets
+        splits[split] = capped(examples, config.data.max_eval_examples)
+    return splits
 
 
+def with_unlabeled(config: ExperimentConfig, task: TaskSpec, train: list[Example],
+                   scored: dict[str, list[Example]]) -> list[Example]:
+    """The transfer set: the training examples then data.unlabeled_file's texts, all without labels (the teacher
+    labels them). A text already in the training set or in a split that is scored is left out: the dev score must
+    not come from texts the student was taught."""
+    known = {e.texts for e in train}
+    held = {e.texts for examples in scored.values() for e in examples}
+    extra, repeated, dev = [], 0, 0
+    for e in read_unlabeled(task, config.data.unlabeled_file, config.data):
+        if e.texts in held:
+            dev += 1
+        elif e.texts in known:
+            repeated += 1
+        else:
+            known.add(e.texts)
+            extra.append(e)
+    print(f"data.unlabeled_file: {len(extra)} texts added to the {len(train)} training examples; left out "
+          f"{repeated} already there and {dev} of a scored split", file=sys.stderr)
+    return [Example(e.texts, None) for e in train] + extra
 
 
 def check_own_tokenizer(config: ExperimentConfig, task: TaskSpec, method_cls) -> None:
@@ -170,18 +189,22 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         train_data, eval_data = load_corpus(config, tokenizer)
     else:
         train_examples, held_out_dev = training_examples(config, task)
+        scored = eval_examples(config, task, held_out_dev)
         if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
                                                 accelerator.device if accelerator is not None else "cpu")
-        elif not task.answer_spans and any(e.label is None for e in train_examples):
+        if config.data.unlabeled_file:
+            train_examples = with_unlabeled(config, task, train_examples, scored)
+        elif config.data.augment is None and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
         if teacher_tokenizer is not None:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
                                   teacher_tokenizer)
-        eval_data = load_eval_data(config, task, tokenizer, held_out_dev, teacher_tokenizer)
+        eval_data = {split: task_dataset(task, examples, tokenizer, config.data.max_length,
+                                         teacher_tokenizer=teacher_tokenizer) for split, examples in scored.items()}
     longest = max(int(d.lengths.max()) if isinstance(d, TokenizedDataset) else config.data.max_length
                   for d in [train_data, *eval_data.values()])  # a streamed corpus packs up to max_length
     teacher_longest = longest if teacher_tokenizer is None else \

@@ -99,6 +99,22 @@ def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
     return read_tsv(task, find_split_file(task, folder, split), labeled)
 
 
+def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]:
+    """data.unlabeled_file's examples, read without labels in the task's file format (GLUE's unquoted tsv for a
+    GLUE task's .tsv)."""
+    path = Path(file).expanduser()
+    if not path.is_absolute() and not path.exists() and (data.dir or os.environ.get(DATA_ENV)):
+        path = resolve_data_dir(data.dir) / path
+    if not path.is_file():
+        raise DataError(f"data.unlabeled_file {file} does not exist (a relative path is looked up in the working "
+                        "folder, then under data.dir)")
+    if path.suffix.lower() in FILE_BUILDERS:
+        return read_data_file(task, path, labeled=False)
+    if path.suffix.lower() == ".tsv" and task.name != "custom":
+        return read_tsv(task, path, labeled=False)
+    return read_table(task, path, labeled=False)
+
+
 def read_squad_split(task: TaskSpec, split: str, data: DataConfig) -> list[QAExample]:
     """A SQuAD task's split: the user's file (task.<split>_file), else <data>/squad/<version>/, or the hub."""
     candidates = task.split_files.get(split)
