@@ -227,4 +227,8 @@ def test_a_used_cell_s_record_follows_a_rerun_on_the_same_machine_and_is_kept_ac
 
     assert rerun_general(1.25) == 1.25  # the same machine: the record is this run's
     assert rerun_general(2.5, cpu="Another CPU") == 1.25  # another machine: the record's run is kept
+    record = json.loads(record_file.read_text())
+    del record["config"]["data"]["unlabeled_file"]  # written before the field existed: still this config
+    record_file.write_text(json.dumps(record, indent=2))
+    assert rerun_general(5.0, cpu="A third CPU") == 1.25
     assert launched == ["general", "task-kd"]  # each trained once

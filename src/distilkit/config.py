@@ -530,6 +530,15 @@ def what_runs(config: ExperimentConfig) -> dict:
     return data
 
 
+def same_run(recorded: dict, config: ExperimentConfig) -> bool:
+    """Whether a record's config (a model_dump) asks for the run `config` asks for, read with today's schema as
+    same_config reads a saved config.yaml: a field added since the record was written takes its default."""
+    try:
+        return what_runs(build_config(recorded)) == what_runs(config)
+    except ConfigError:
+        return False
+
+
 def same_config(saved: str, resolved: str) -> bool:
     """Whether a run's saved config.yaml asks for the run `resolved` (a dump_config text) asks for.
 

@@ -45,7 +45,7 @@ from filelock import FileLock, Timeout
 from pydantic import Field, ValidationError
 
 from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
-                              same_config)
+                              same_config, same_run)
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError
 from distilkit.train.checkpoint import atomic_write_text
@@ -476,7 +476,7 @@ class Plans:
         from distilkit.evaluate.report import cpu  # the kind of machine
 
         # kept only when the rerun was on another kind of machine: a same-machine rerun is the run the record describes
-        if dependency and old is not None and (kept := json.loads(old))["config"] == record["config"] \
+        if dependency and old is not None and same_run((kept := json.loads(old))["config"], cell.config) \
                 and cpu(kept) != cpu(record):
             print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
                   f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
@@ -488,7 +488,7 @@ class Plans:
         for name in cell.upstream:  # first: a teacher whose config changed is retrained, which makes this cell stale
             self.train(self.cell(name))
         record = json.loads(path.read_text()) if path.is_file() else None
-        if record is not None and record["config"] != cell.config.model_dump(mode="json"):
+        if record is not None and not same_run(record["config"], cell.config):
             record = None  # the cell changed: its record is redone from the new run
         if record is not None and (cell.dir / "metrics.json").is_file() and not self.finished(cell):
             record = None  # its run is stale (its teacher finished later): retrained, its record redone
