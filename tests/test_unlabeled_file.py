@@ -40,6 +40,8 @@ def test_cli_distils_the_labelled_cap_plus_the_rest_of_the_train_file_and_no_dev
     assert metrics["train_examples_in_set"] == expected > 40
     assert metrics["teacher_forward_passes"] > 0 and "accuracy" in metrics["final"]["dev"]
     assert f"{expected - 40} texts added to the 40 training examples" in result.stdout + result.stderr
+    card = (out / "best" / "README.md").read_text()  # the card says who labelled them
+    assert f"{expected:,} training examples, labelled by the teacher" in card and "unlabeled_file" in card
 
 
 def test_a_relative_file_is_found_under_the_data_folder_and_a_label_term_is_refused(tmp_path, glue_dir, tiny_teacher):

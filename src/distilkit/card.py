@@ -123,6 +123,9 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              "- student initialisation: student.init in the config below",
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
              + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
+                else "")
+             + (", labelled by the teacher (data.augment's copies or data.unlabeled_file's texts beside the task's "
+                "examples; see the config below)" if metrics.get("gold_labels") is False and task != "unlabeled"
                 else ""),
              f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else
              "- output: answer start and end scores for every token" if qa else "- output: one score"]

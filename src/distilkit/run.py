@@ -364,6 +364,8 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "teacher": config.teacher.model if not config.teacher.models else config.teacher.names,
         "params": count_parameters(run.student),
         "train_examples_in_set": run.train_data.num_examples,
+        # False: the teacher labelled the training set (augmented copies, data.unlabeled_file's texts, a corpus)
+        "gold_labels": getattr(run.train_data, "labels", None) is not None,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its
