@@ -190,6 +190,9 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     else:
         train_examples, held_out_dev = training_examples(config, task)
         scored = eval_examples(config, task, held_out_dev)
+        teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # gold labels dropped
+        if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
+            raise DataError("training examples need labels")
         if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.first,
@@ -197,8 +200,6 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                                                 accelerator.device if accelerator is not None else "cpu")
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored)
-        elif config.data.augment is None and not task.answer_spans and any(e.label is None for e in train_examples):
-            raise DataError("training examples need labels")
         if teacher_tokenizer is not None:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,

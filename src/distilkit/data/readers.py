@@ -90,9 +90,7 @@ def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
         files = task.split_files.get(split)
         if not files:
             raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
-        if Path(files[0]).suffix.lower() in FILE_BUILDERS:
-            return read_data_file(task, Path(files[0]), labeled)
-        return read_table(task, Path(files[0]), labeled)
+        return read_task_file(task, Path(files[0]), labeled)
     if data.source == "hub":
         return read_hub(task, split)
     folder = resolve_data_dir(data.dir) / "glue" / task.folder
@@ -108,11 +106,17 @@ def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]
     if not path.is_file():
         raise DataError(f"data.unlabeled_file {file} does not exist (a relative path is looked up in the working "
                         "folder, then under data.dir)")
+    return read_task_file(task, path, labeled=False)
+
+
+def read_task_file(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
+    """One file of the task's examples, by its suffix: a GLUE task's .tsv as GLUE writes it (unquoted), a user's
+    .tsv/.csv/.jsonl as pandas writes them, .parquet/.arrow/.json through `datasets`."""
     if path.suffix.lower() in FILE_BUILDERS:
-        return read_data_file(task, path, labeled=False)
+        return read_data_file(task, path, labeled)
     if path.suffix.lower() == ".tsv" and task.name != "custom":
-        return read_tsv(task, path, labeled=False)
-    return read_table(task, path, labeled=False)
+        return read_tsv(task, path, labeled)
+    return read_table(task, path, labeled)
 
 
 def read_squad_split(task: TaskSpec, split: str, data: DataConfig) -> list[QAExample]:
