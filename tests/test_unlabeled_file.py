@@ -71,6 +71,9 @@ def test_a_missing_file_or_one_without_the_text_column_ends_in_one_clear_line(tm
     config["data"]["unlabeled_file"] = "nowhere.tsv"
     with pytest.raises(DataError, match=r"^data.unlabeled_file nowhere.tsv does not exist \(a relative path"):
         run_experiment(build_config(config))
+    config["data"]["unlabeled_file"] = str(tmp_path)
+    with pytest.raises(DataError, match=r"^data.unlabeled_file .* is a folder: name one file of texts in it$"):
+        run_experiment(build_config(config))
     wrong = tmp_path / "wrong.tsv"
     wrong.write_text("text\nsome words\n")
     config["data"]["unlabeled_file"] = str(wrong)

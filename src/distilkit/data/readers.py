@@ -103,6 +103,8 @@ def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]
     path = Path(file).expanduser()
     if not path.is_absolute() and not path.exists() and (data.dir or os.environ.get(DATA_ENV)):
         path = resolve_data_dir(data.dir) / path
+    if path.is_dir():
+        raise DataError(f"data.unlabeled_file {file} is a folder: name one file of texts in it")
     if not path.is_file():
         raise DataError(f"data.unlabeled_file {file} does not exist (a relative path is looked up in the working "
                         "folder, then under data.dir)")
