@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from distilkit.data.tasks import TaskSpec
 
@@ -18,6 +16,11 @@ def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
 
 
 def compute_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    # imported here, not at the top: scikit-learn (with pandas) and scipy.stats add ~1 s to the start of every
+    # process, and most processes (`--help`, a refused config, a plan's bookkeeping) never score anything
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
     predictions = predictions_from_logits(task, logits)
     scores: dict[str, float] = {}
     for name in task.metrics:
