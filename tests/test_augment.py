@@ -2,15 +2,18 @@
 and a distillation run on the augmented transfer set."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from distilkit.config import AugmentConfig, build_config
 from distilkit.train import augment as augment_module
-from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples
-from distilkit.data.readers import Example
+from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
+from distilkit.data.readers import DataError, Example
 from distilkit.run import run_experiment
 from test_training import kd_config
 
@@ -158,3 +161,55 @@ def test_augmenting_on_the_gpu_in_shared_batches_gives_the_cpu_set(tmp_path, tin
     cfg = AugmentConfig(copies=4, candidates=3)
     on_cpu = augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path / "cpu")
     assert augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path / "gpu", device="cuda") == on_cpu
+
+
+PAIRS = [Example(("a cat sat on the red mat", "stock prices fell sharply today"), 1),
+         Example(("the red mat was new", "a black cat sat on a mat"), 0),
+         Example(("markets and stock prices fell", "rain fell all day"), 1),
+         Example(("heavy rain all day", "the new bridge opened"), 0)]
+
+
+def test_recombined_pairs_pair_each_sentence_with_its_bm25_neighbours():
+    """AugSBERT's BM25 sampling, worked by hand: "a cat sat on the red mat" shares cat/sat/mat with "a black cat sat on
+    a mat" (3 terms, more than red/mat with "the red mat was new"), so that is its first new partner; the example's
+    second sentence is the next copy's anchor; pairs given or made (either order) are not made again."""
+    pairs = recombined_pairs(PAIRS, copies=2)
+    assert pairs[:2] == [("a cat sat on the red mat", "a black cat sat on a mat"),
+                         ("stock prices fell sharply today", "markets and stock prices fell")]
+    assert len(pairs) == len({frozenset(p) for p in pairs}) <= 2 * len(PAIRS)
+    assert not {frozenset(p) for p in pairs} & {frozenset(e.texts) for e in PAIRS}
+    assert all(a != b for a, b in pairs)
+    # example 2's first anchor: its best neighbour shares red and mat (the cat sentence's own turn took the black cat)
+    assert ("the red mat was new", "a cat sat on the red mat") in pairs
+    assert recombined_pairs(PAIRS, copies=2) == pairs  # the same in every process
+    with pytest.raises(DataError, match="have one text each: use scheme tinybert or tang"):
+        recombined_pairs([Example(("one text",), 0)], copies=2)
+
+
+def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_teacher):
+    with pytest.raises(ValueError, match="data.augment.candidates_from chooses replacement words; scheme pairs"):
+        AugmentConfig(scheme="pairs", candidates_from="embeddings")
+    config = kd_config(glue_dir, tiny_teacher, "unused")
+    config["data"]["augment"] = {"scheme": "pairs", "copies": 2}
+    assert build_config(config).data.augment.scheme == "pairs"
+
+
+def test_cli_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path, glue_dir, tiny_teacher):
+    out = tmp_path / "student"
+    result = subprocess.run(
+        [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
+         "--set", "data.max_length=32", "--set", "data.augment={scheme: pairs, copies: 2}",
+         "--set", f"teacher.model={tiny_teacher}", "--set", "student.layers=2", "--set", "method.name=kd",
+         "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set", "train.mixed_precision='no'",
+         "--set", f"output.dir={out}"], capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    assert 64 < metrics["train_examples_in_set"] <= 64 * 3 and metrics["teacher_forward_passes"] > 0
+    assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False
+    refused = subprocess.run(
+        [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
+         "--set", "data.augment={scheme: pairs}", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
+         "--set", f"output.dir={tmp_path / 'single'}"], capture_output=True, text=True, env=dict(os.environ),
+        timeout=600)
+    assert refused.returncode != 0 and "have one text each: use scheme tinybert or tang" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "single" / "metrics.json").exists()

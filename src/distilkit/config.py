@@ -135,14 +135,15 @@ class CorpusConfig(StrictModel):
 
 
 class AugmentConfig(StrictModel):
-    """Task-data augmentation for distillation: `copies` altered versions of every training example.
+    """Task-data augmentation for distillation: `copies` new versions of every training example.
 
     The transfer set (originals + copies) is distilled without gold labels: the teacher labels it.
-    Probabilities left null take the scheme's paper values (tinybert: replace 0.4; tang: mask 0.1,
-    replace 0.1, n-gram 0.25).
+    tinybert and tang alter words; probabilities left null take the scheme's paper values (tinybert:
+    replace 0.4; tang: mask 0.1, replace 0.1, n-gram 0.25). pairs (sentence-pair tasks) alters no word:
+    it pairs the task's own sentences anew, each with those BM25 finds most like it (AugSBERT).
     """
 
-    scheme: Literal["tinybert", "tang"] = "tinybert"
+    scheme: Literal["tinybert", "tang", "pairs"] = "tinybert"
     copies: int = Field(20, ge=1)  # TinyBERT N_a = 20; Tang et al. n_iter = 20
     candidates: int = Field(15, ge=1)  # K: teacher-MLM (or GloVe) candidates per word
     # mlm: the teacher's MLM prediction at the masked word (the papers); embeddings: the word's nearest
@@ -155,6 +156,15 @@ class AugmentConfig(StrictModel):
     vectors: str | None = None  # GloVe-format text file: neighbours for words of several word pieces
     max_examples: int | None = Field(None, ge=1)  # cap on the transfer set (Tang et al.: 800K)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _pairs_alter_no_word(self) -> AugmentConfig:
+        word_settings = sorted(self.model_fields_set & {"candidates", "candidates_from", "replace_probability",
+                                                        "mask_probability", "ngram_probability", "model", "vectors"})
+        if self.scheme == "pairs" and word_settings:
+            raise ValueError(f"data.augment.{word_settings[0]} chooses replacement words; scheme pairs replaces no "
+                             "word (it pairs the task's sentences anew): remove it, or use scheme tinybert")
+        return self
 
 
 class DataConfig(StrictModel):
@@ -416,7 +426,8 @@ class ExperimentConfig(StrictModel):
         if self.data.unlabeled_file and not (self.teacher.first and self.method.needs_teacher):
             raise ValueError("data.unlabeled_file is labelled by the teacher: set teacher.model and a distillation "
                              "method")
-        if self.data.augment is not None and not (self.data.augment.model or self.teacher.first):
+        if self.data.augment is not None and self.data.augment.scheme != "pairs" \
+                and not (self.data.augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
             spans = getattr(_task_lookup(self.task.name), "answer_spans", False)

@@ -10,6 +10,11 @@ Two schemes share one source of replacement words, the teacher's masked-language
   p_pos = 0.1 (by a same-part-of-speech word in the paper; here by an MLM candidate, since no
   tagger is at hand); then, with p_ng = 0.25, the text is cut to a random n-gram (n = 1..5).
 
+A third scheme alters no word: `pairs` (Thakur et al. 2021, "Augmented SBERT", §4, BM25 sampling) makes new
+pairs of a sentence-pair task's own sentences, each sentence with the sentences BM25 ranks most like it, for the
+teacher to score. Random pairs would be almost all unrelated (one end of the task's range); BM25 neighbours share
+words and topic, so the new pairs spread over the range, where the teacher's judgement is worth learning.
+
 `candidates_from: embeddings` takes instead the word's nearest neighbours (cosine) in the teacher's
 own word-embedding table, a GloVe stand-in. It exists because our default teacher, all-MiniLM-L6-v2,
 was trained as a sentence encoder: its top layer projected on the tied embeddings proposes the same
@@ -215,18 +220,49 @@ def _cache_key(examples: list[Example], cfg: AugmentConfig, model_fingerprint: s
     return digest.hexdigest()[:24]
 
 
-def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path,
+def recombined_pairs(examples: list[Example], copies: int) -> list[tuple[str, str]]:
+    """AugSBERT's BM25 sampling: per example, `copies` new pairs, its first and second sentence taking turns as
+    the anchor, each paired with the anchor's next BM25 neighbour among all the task's sentences (not itself, not
+    a pair already made or given, in either order)."""
+    import bm25s
+
+    if any(len(e.texts) != 2 for e in examples):
+        raise DataError("data.augment scheme pairs pairs the two texts of a sentence-pair task anew; these examples "
+                        "have one text each: use scheme tinybert or tang")
+    sentences = sorted({t for e in examples for t in e.texts})  # a fixed order: the same pairs in every process
+    terms = bm25s.tokenize(sentences, stopwords="en", return_ids=False, show_progress=False)
+    index = bm25s.BM25()
+    index.index(terms, show_progress=False)
+    depth = min(len(sentences), 2 * copies + 8)  # room for the skipped: itself, its partners, pairs already made
+    hits, scores = index.retrieve(terms, k=depth, show_progress=False, n_threads=1)
+    neighbours = {s: [int(i) for i, score in zip(row, row_scores) if score > 0 and int(i) != n]
+                  for n, (s, row, row_scores) in enumerate(zip(sentences, hits, scores))}
+    made = {frozenset(e.texts) for e in examples}
+    position = {s: 0 for s in sentences}  # the next neighbour each anchor offers
+    pairs = []
+    for example in examples:
+        for copy in range(copies):
+            anchor = example.texts[copy % 2]
+            found = neighbours[anchor]
+            while position[anchor] < len(found):
+                partner = sentences[found[position[anchor]]]
+                position[anchor] += 1
+                if frozenset((anchor, partner)) not in made:
+                    made.add(frozenset((anchor, partner)))
+                    pairs.append((anchor, partner))
+                    break
+    return pairs
+
+
+def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str | None, cache_root: Path,
                        device: torch.device | str = "cpu") -> list[Example]:
     """Originals then copies, without labels, capped to cfg.max_examples (the originals, then a seeded sample of
-    the copies); computed once (on `device`, the run's accelerator) and cached."""
-    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
-    path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):  # one process builds the set; the others (several processes) wait, then read it
-        if not path.is_file():
-            _write_augmented(examples, cfg, candidates, path, mlm_model)
-    with open(path, encoding="utf-8") as f:
-        copies = [Example(tuple(json.loads(line)), None) for line in f]
+    the copies); altered copies are computed once (on `device`, the run's accelerator) and cached, recombined
+    pairs (seconds of BM25) each time."""
+    if cfg.scheme == "pairs":
+        copies = [Example(pair, None) for pair in recombined_pairs(examples, cfg.copies)]
+    else:
+        copies = _altered_copies(examples, cfg, mlm_model, cache_root, device)
     originals = [Example(e.texts, None) for e in examples]
     if cfg.max_examples and len(originals) + len(copies) > cfg.max_examples:
         # a seeded sample of the copies, in file order: the first n lines were the copies of the first examples only
@@ -234,6 +270,18 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
         copies = [copies[i] for i in sorted(random.Random(cfg.seed).sample(range(len(copies)), room))]
     transfer = originals + copies
     return transfer[: cfg.max_examples] if cfg.max_examples else transfer
+
+
+def _altered_copies(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path,
+                    device: torch.device | str) -> list[Example]:
+    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
+    path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):  # one process builds the set; the others (several processes) wait, then read it
+        if not path.is_file():
+            _write_augmented(examples, cfg, candidates, path, mlm_model)
+    with open(path, encoding="utf-8") as f:
+        return [Example(tuple(json.loads(line)), None) for line in f]
 
 
 def _write_augmented(examples: list[Example], cfg: AugmentConfig, candidates: Candidates, path: Path,
