@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import torch
+import yaml
 
-from distilkit.config import AugmentConfig, build_config
+from distilkit.config import AugmentConfig, build_config, dump_config
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 from distilkit.data.readers import DataError, Example
@@ -191,7 +192,10 @@ def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_
         AugmentConfig(scheme="pairs", candidates_from="embeddings")
     config = kd_config(glue_dir, tiny_teacher, "unused")
     config["data"]["augment"] = {"scheme": "pairs", "copies": 2}
-    assert build_config(config).data.augment.scheme == "pairs"
+    built = build_config(config)
+    assert built.data.augment.scheme == "pairs"
+    # a saved config.yaml (every field written, defaults too: what a plan's cell and a resumed run read) loads again
+    assert build_config(yaml.safe_load(dump_config(built))).data.augment == built.data.augment
 
 
 def test_cli_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path, glue_dir, tiny_teacher):

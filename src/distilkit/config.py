@@ -159,8 +159,10 @@ class AugmentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _pairs_alter_no_word(self) -> AugmentConfig:
-        word_settings = sorted(self.model_fields_set & {"candidates", "candidates_from", "replace_probability",
-                                                        "mask_probability", "ngram_probability", "model", "vectors"})
+        # set to other than their defaults (a saved config.yaml writes every field, so "given" cannot be told)
+        word_settings = [name for name in ("candidates", "candidates_from", "replace_probability", "mask_probability",
+                                           "ngram_probability", "model", "vectors")
+                         if getattr(self, name) != type(self).model_fields[name].default]
         if self.scheme == "pairs" and word_settings:
             raise ValueError(f"data.augment.{word_settings[0]} chooses replacement words; scheme pairs replaces no "
                              "word (it pairs the task's sentences anew): remove it, or use scheme tinybert")
