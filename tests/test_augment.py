@@ -217,3 +217,15 @@ def test_cli_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path
         timeout=600)
     assert refused.returncode != 0 and "have one text each: use scheme tinybert or tang" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "single" / "metrics.json").exists()
+
+
+def test_a_new_pair_equal_to_a_dev_pair_is_left_out(tmp_path, capsys):
+    """Train sentences recombined can make a pair of the dev set (STS-B: 15 of its 1,500, MRPC: 3): the teacher's
+    score for it would be taught, so it is left out, in either order, and the count said."""
+    cfg = AugmentConfig(scheme="pairs", copies=2)
+    every = augmented_examples(PAIRS, cfg, None, tmp_path)
+    dev_pair = ("a black cat sat on a mat", "a cat sat on the red mat")  # the first new pair, reversed
+    assert Example(dev_pair[::-1], None) in every
+    kept = augmented_examples(PAIRS, cfg, None, tmp_path, scored=[dev_pair, ("another", "pair")])
+    assert kept == [e for e in every if e.texts != dev_pair[::-1]]
+    assert "left out 1 new examples equal to one of a scored split" in capsys.readouterr().err

@@ -197,7 +197,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
-                                                accelerator.device if accelerator is not None else "cpu")
+                                                accelerator.device if accelerator is not None else "cpu",
+                                                [e.texts for examples in scored.values() for e in examples])
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored)
         if teacher_tokenizer is not None:

@@ -255,14 +255,21 @@ def recombined_pairs(examples: list[Example], copies: int) -> list[tuple[str, st
 
 
 def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str | None, cache_root: Path,
-                       device: torch.device | str = "cpu") -> list[Example]:
+                       device: torch.device | str = "cpu", scored: list[tuple[str, ...]] = ()) -> list[Example]:
     """Originals then copies, without labels, capped to cfg.max_examples (the originals, then a seeded sample of
     the copies); altered copies are computed once (on `device`, the run's accelerator) and cached, recombined
-    pairs (seconds of BM25) each time."""
+    pairs (seconds of BM25) each time. A copy equal to a `scored` (dev) example, in either order, is left out: the
+    dev score must not come from texts the student was taught (train sentences recombined can make a dev pair)."""
     if cfg.scheme == "pairs":
         copies = [Example(pair, None) for pair in recombined_pairs(examples, cfg.copies)]
     else:
         copies = _altered_copies(examples, cfg, mlm_model, cache_root, device)
+    held = {frozenset(texts) for texts in scored}
+    kept = [c for c in copies if frozenset(c.texts) not in held]
+    if len(kept) < len(copies):
+        print(f"data.augment: left out {len(copies) - len(kept)} new examples equal to one of a scored split",
+              file=sys.stderr)
+    copies = kept
     originals = [Example(e.texts, None) for e in examples]
     if cfg.max_examples and len(originals) + len(copies) > cfg.max_examples:
         # a seeded sample of the copies, in file order: the first n lines were the copies of the first examples only
