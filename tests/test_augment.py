@@ -229,3 +229,14 @@ def test_a_new_pair_equal_to_a_dev_pair_is_left_out(tmp_path, capsys):
     kept = augmented_examples(PAIRS, cfg, None, tmp_path, scored=[dev_pair, ("another", "pair")])
     assert kept == [e for e in every if e.texts != dev_pair[::-1]]
     assert "left out 1 new examples equal to one of a scored split" in capsys.readouterr().err
+
+
+def test_recombined_pairs_are_cached_and_reused(tmp_path, monkeypatch):
+    """BM25 over a task's sentences takes 15-30 s on STS-B: made once, then read by every run and seed."""
+    cfg = AugmentConfig(scheme="pairs", copies=2)
+    first = augmented_examples(PAIRS, cfg, None, tmp_path)
+    assert len(list((tmp_path / "augmented").glob("*.jsonl"))) == 1
+    monkeypatch.setattr(augment_module, "recombined_pairs", lambda *a: pytest.fail("recomputed"))
+    assert augmented_examples(PAIRS, cfg, None, tmp_path) == first
+    with pytest.raises(pytest.fail.Exception, match="recomputed"):  # other settings are another set
+        augmented_examples(PAIRS, cfg.model_copy(update={"copies": 3}), None, tmp_path)

@@ -80,3 +80,18 @@ def test_a_missing_file_or_one_without_the_text_column_ends_in_one_clear_line(tm
     with pytest.raises(DataError, match=r"header lacks column\(s\) \['sentence'\]"):
         run_experiment(build_config(config))
     assert not (tmp_path / "kd" / "checkpoints").exists()
+
+
+def test_a_pool_pair_equal_to_a_dev_pair_in_either_order_is_left_out(tmp_path, glue_dir, tiny_teacher, capsys):
+    """A sentence pair of the pool that is a dev pair reversed would teach the teacher's score for that dev pair."""
+    dev = read_tsv(named_task("mrpc"), glue_dir / "glue" / "MRPC" / "dev.tsv")
+    pool = tmp_path / "pool.tsv"
+    pool.write_text("#1 String\t#2 String\n" + f"{dev[0].texts[1]}\t{dev[0].texts[0]}\n"
+                    + "a new first sentence\ta new second sentence\n")
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "kd", epochs=1)
+    config["task"] = {"name": "mrpc"}
+    config["method"] = {"name": "kd"}
+    config["data"].update({"max_train_examples": 20, "unlabeled_file": str(pool)})
+    assert run_experiment(build_config(config))["train_examples_in_set"] == 21
+    assert "1 texts added to the 20 training examples; left out 0 already there and 1 of a scored split" \
+        in capsys.readouterr().err

@@ -28,7 +28,7 @@ from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, find_split_file, read_split, \
-    read_unlabeled, resolve_data_dir
+    read_unlabeled, resolve_data_dir, without_scored
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
                                                 teacher_scores)
@@ -103,12 +103,11 @@ def with_unlabeled(config: ExperimentConfig, task: TaskSpec, train: list[Example
     labels them). A text already in the training set or in a split that is scored is left out: the dev score must
     not come from texts the student was taught."""
     known = {e.texts for e in train}
-    held = {e.texts for examples in scored.values() for e in examples}
-    extra, repeated, dev = [], 0, 0
-    for e in read_unlabeled(task, config.data.unlabeled_file, config.data):
-        if e.texts in held:
-            dev += 1
-        elif e.texts in known:
+    unseen, dev = without_scored(read_unlabeled(task, config.data.unlabeled_file, config.data),
+                                 [e.texts for examples in scored.values() for e in examples])
+    extra, repeated = [], 0
+    for e in unseen:
+        if e.texts in known:
             repeated += 1
         else:
             known.add(e.texts)

@@ -62,6 +62,15 @@ class Example:
     label: int | float | None  # class index, regression target, or None (test / unlabeled)
 
 
+def without_scored(new: list[Example], scored: list[tuple[str, ...]]) -> tuple[list[Example], int]:
+    """The examples added to a transfer set (unlabelled text, augmented copies) that are not a scored example, in
+    either order of a pair, and how many were left out: the teacher's output for a dev example would be taught, and
+    the dev score would then be of taught texts (train sentences recombined made 15 of STS-B's 1,500 dev pairs)."""
+    held = {tuple(sorted(texts)) for texts in scored}
+    kept = [e for e in new if tuple(sorted(e.texts)) not in held]
+    return kept, len(new) - len(kept)
+
+
 def resolve_data_dir(configured: str | None) -> Path:
     """The root holding `glue/<Task>/` folders: the config value, else $DISTILKIT_DATA."""
     root = configured or os.environ.get(DATA_ENV)

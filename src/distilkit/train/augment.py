@@ -45,7 +45,7 @@ import torch
 from filelock import FileLock
 
 from distilkit.config import AugmentConfig
-from distilkit.data.readers import DataError, Example
+from distilkit.data.readers import DataError, Example, without_scored
 from distilkit.models.mlm import word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
@@ -257,19 +257,20 @@ def recombined_pairs(examples: list[Example], copies: int) -> list[tuple[str, st
 def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str | None, cache_root: Path,
                        device: torch.device | str = "cpu", scored: list[tuple[str, ...]] = ()) -> list[Example]:
     """Originals then copies, without labels, capped to cfg.max_examples (the originals, then a seeded sample of
-    the copies); altered copies are computed once (on `device`, the run's accelerator) and cached, recombined
-    pairs (seconds of BM25) each time. A copy equal to a `scored` (dev) example, in either order, is left out: the
-    dev score must not come from texts the student was taught (train sentences recombined can make a dev pair)."""
+    the copies); the copies are made once (altered copies on `device`, the run's accelerator) and cached. A copy
+    equal to a `scored` (dev) example is left out (`without_scored`)."""
     if cfg.scheme == "pairs":
-        copies = [Example(pair, None) for pair in recombined_pairs(examples, cfg.copies)]
+        from importlib.metadata import version
+
+        copies = _cached(examples, cfg, f"pairs by bm25s {version('bm25s')}", cache_root,
+                         lambda: recombined_pairs(examples, cfg.copies))
     else:
-        copies = _altered_copies(examples, cfg, mlm_model, cache_root, device)
-    held = {frozenset(texts) for texts in scored}
-    kept = [c for c in copies if frozenset(c.texts) not in held]
-    if len(kept) < len(copies):
-        print(f"data.augment: left out {len(copies) - len(kept)} new examples equal to one of a scored split",
-              file=sys.stderr)
-    copies = kept
+        candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
+        copies = _cached(examples, cfg, candidates.teacher.fingerprint(), cache_root,
+                         lambda: _altered_copies(examples, cfg, candidates), mlm_model)
+    copies, left_out = without_scored(copies, scored)
+    if left_out:
+        print(f"data.augment: left out {left_out} new examples equal to one of a scored split", file=sys.stderr)
     originals = [Example(e.texts, None) for e in examples]
     if cfg.max_examples and len(originals) + len(copies) > cfg.max_examples:
         # a seeded sample of the copies, in file order: the first n lines were the copies of the first examples only
@@ -279,39 +280,42 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
     return transfer[: cfg.max_examples] if cfg.max_examples else transfer
 
 
-def _altered_copies(examples: list[Example], cfg: AugmentConfig, mlm_model: str, cache_root: Path,
-                    device: torch.device | str) -> list[Example]:
-    candidates = Candidates(mlm_model, cfg.candidates, cfg.vectors, source=cfg.candidates_from, device=device)
-    path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, candidates.teacher.fingerprint())}.jsonl"
+def _cached(examples: list[Example], cfg: AugmentConfig, fingerprint: str, cache_root: Path,
+            make, model: str | None = None) -> list[Example]:
+    """The copies `make` returns, computed by one process (the others wait under a file lock, then read them) and
+    kept as JSON lines keyed by the examples, the settings and what made them, so every run and method reuses
+    them; written to a file of this process and moved into place whole, so a reader never sees half a set."""
+    path = Path(cache_root) / "augmented" / f"{_cache_key(examples, cfg, fingerprint)}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):  # one process builds the set; the others (several processes) wait, then read it
+    with FileLock(f"{path}.lock"):
         if not path.is_file():
-            _write_augmented(examples, cfg, candidates, path, mlm_model)
+            start = time.perf_counter()
+            copies = make()
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.writelines(json.dumps(copy) + "\n" for copy in copies)
+            os.replace(tmp, path)
+            seconds = time.perf_counter() - start
+            path.with_suffix(".json").write_text(json.dumps({"examples": len(examples), "seconds": round(seconds, 1),
+                                                             "settings": cfg.model_dump(), "model": model}))
+            print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
     with open(path, encoding="utf-8") as f:
         return [Example(tuple(json.loads(line)), None) for line in f]
 
 
-def _write_augmented(examples: list[Example], cfg: AugmentConfig, candidates: Candidates, path: Path,
-                     mlm_model: str) -> None:
-    """The copies, written to a file of this process and moved into place whole: a reader never sees half a set."""
-    start = time.perf_counter()
+def _altered_copies(examples: list[Example], cfg: AugmentConfig, candidates: Candidates) -> list[tuple[str, ...]]:
     p = probabilities(cfg)
     rng = random.Random(cfg.seed)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        per_pass = EXAMPLES_PER_PASS["cpu" if candidates.device.type == "cpu" else "accelerator"]
-        for first in range(0, len(examples), per_pass):
-            chunk = examples[first: first + per_pass]
-            for example, options in zip(chunk, candidates.for_examples([e.texts for e in chunk])):
-                words = [t.split() for t in example.texts]
-                seen = {example.texts}
-                for _ in range(cfg.copies):
-                    copy = altered_copy(words, options, p, candidates.tokenizer.mask_token, rng)
-                    if copy not in seen:  # identical copies add nothing (Tang et al. keep unique ones)
-                        seen.add(copy)
-                        out.write(json.dumps(copy) + "\n")
-    os.replace(tmp, path)
-    seconds = time.perf_counter() - start
-    path.with_suffix(".json").write_text(json.dumps({"examples": len(examples), "seconds": round(seconds, 1),
-                                                     "settings": cfg.model_dump(), "model": mlm_model}))
-    print(f"augmented {len(examples)} examples in {seconds:.1f}s -> {path}", file=sys.stderr)
+    copies = []
+    per_pass = EXAMPLES_PER_PASS["cpu" if candidates.device.type == "cpu" else "accelerator"]
+    for first in range(0, len(examples), per_pass):
+        chunk = examples[first: first + per_pass]
+        for example, options in zip(chunk, candidates.for_examples([e.texts for e in chunk])):
+            words = [t.split() for t in example.texts]
+            seen = {example.texts}
+            for _ in range(cfg.copies):
+                copy = altered_copy(words, options, p, candidates.tokenizer.mask_token, rng)
+                if copy not in seen:  # identical copies add nothing (Tang et al. keep unique ones)
+                    seen.add(copy)
+                    copies.append(copy)
+    return copies
