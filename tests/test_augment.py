@@ -198,18 +198,22 @@ def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_
     assert build_config(yaml.safe_load(dump_config(built))).data.augment == built.data.augment
 
 
-def test_cli_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path, glue_dir, tiny_teacher):
+def test_the_kd_pairs_preset_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path, glue_dir,
+                                                                                         tiny_teacher):
+    """The shipped recipe as a user runs it: the preset, a task and a teacher (and a tiny student and one epoch)."""
     out = tmp_path / "student"
     result = subprocess.run(
-        [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
-         "--set", "data.max_length=32", "--set", "data.augment={scheme: pairs, copies: 2}",
-         "--set", f"teacher.model={tiny_teacher}", "--set", "student.layers=2", "--set", "method.name=kd",
-         "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set", "train.mixed_precision='no'",
-         "--set", f"output.dir={out}"], capture_output=True, text=True, env=dict(os.environ), timeout=600)
+        [sys.executable, "-m", "distilkit", "distill", "--preset", "kd-pairs", "--set", "task.name=mrpc",
+         "--set", f"data.dir={glue_dir}", "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}",
+         "--set", "student.layers=2", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+         "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}"],
+        capture_output=True, text=True, env=dict(os.environ), timeout=600)
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
-    assert 64 < metrics["train_examples_in_set"] <= 64 * 3 and metrics["teacher_forward_passes"] > 0
+    assert 64 * 3 < metrics["train_examples_in_set"] <= 64 * 5 and metrics["teacher_forward_passes"] > 0
     assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["data"]["augment"]["scheme"] == "pairs" and saved["data"]["augment"]["copies"] == 4
     refused = subprocess.run(
         [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
          "--set", "data.augment={scheme: pairs}", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
