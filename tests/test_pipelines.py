@@ -301,8 +301,10 @@ def tiny_version(config: dict, out: Path, models: dict, data: dict) -> dict:
     else:
         changes["task"] = {"name": task}
         changes["data"] = {"dir": str(data["glue"]), "max_length": 32, "max_train_examples": 32}
-        if (config.get("data") or {}).get("augment"):
-            changes["data"]["augment"] = {"model": str(models["base"]), "copies": 1, "max_examples": 48}
+        augment = (config.get("data") or {}).get("augment")
+        if augment:  # the words of altered copies come from a tiny MLM; recombined pairs need none
+            changes["data"]["augment"] = {"copies": 1, "max_examples": 48} | (
+                {} if augment.get("scheme") == "pairs" else {"model": str(models["base"])})
         if "teacher" in config or method != "finetune":
             headless = method == "text_smoothing"  # its MLM teacher is the base encoder
             changes["teacher"] = {"model": str(models["mlm"] if headless else models["teacher"])}
