@@ -98,13 +98,12 @@ def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[E
 
 
 def with_unlabeled(config: ExperimentConfig, task: TaskSpec, train: list[Example],
-                   scored: dict[str, list[Example]]) -> list[Example]:
+                   scored: list[tuple[str, ...]]) -> list[Example]:
     """The transfer set: the training examples then data.unlabeled_file's texts, all without labels (the teacher
     labels them). A text already in the training set or in a split that is scored is left out: the dev score must
     not come from texts the student was taught."""
     known = {e.texts for e in train}
-    unseen, dev = without_scored(read_unlabeled(task, config.data.unlabeled_file, config.data),
-                                 [e.texts for examples in scored.values() for e in examples])
+    unseen, dev = without_scored(read_unlabeled(task, config.data.unlabeled_file, config.data), scored)
     extra, repeated = [], 0
     for e in unseen:
         if e.texts in known:
@@ -192,14 +191,15 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # gold labels dropped
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
+        scored_texts = [e.texts for examples in scored.values() for e in examples]  # kept out of a transfer set
         if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
                                                 accelerator.device if accelerator is not None else "cpu",
-                                                [e.texts for examples in scored.values() for e in examples])
+                                                scored_texts)
         if config.data.unlabeled_file:
-            train_examples = with_unlabeled(config, task, train_examples, scored)
+            train_examples = with_unlabeled(config, task, train_examples, scored_texts)
         if teacher_tokenizer is not None:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
