@@ -191,7 +191,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # gold labels dropped
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        scored_texts = [e.texts for examples in scored.values() for e in examples]  # kept out of a transfer set
+        # a transfer set leaves out every text that is scored (question-answering tasks build none)
+        scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
         if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, config.data.augment,
                                                 config.data.augment.model or config.teacher.first,
