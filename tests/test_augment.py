@@ -92,11 +92,11 @@ def test_glove_neighbours_by_cosine(tmp_path):
     assert glove.neighbours("unknown") == []
 
 
-def test_augmented_set_is_cached_and_unlabelled(tmp_path, tiny_teacher, monkeypatch):
+def test_augmented_set_is_cached_and_only_the_originals_keep_a_label(tmp_path, tiny_teacher, monkeypatch):
     cfg = AugmentConfig(copies=4, candidates=3)
     first = augmented_examples(EXAMPLES, cfg, str(tiny_teacher), tmp_path)
-    assert first[:2] == [Example(e.texts, None) for e in EXAMPLES]
-    assert 2 < len(first) <= 2 + 2 * 4 and all(e.label is None for e in first)
+    assert first[:2] == EXAMPLES  # with their gold labels, for a method's label term
+    assert 2 < len(first) <= 2 + 2 * 4 and all(e.label is None for e in first[2:])
     assert len({e.texts for e in first}) == len(first)  # no duplicate copies
     files = list((tmp_path / "augmented").glob("*.jsonl"))
     assert len(files) == 1 and isinstance(json.loads((files[0].with_suffix(".json")).read_text())["seconds"], float)
@@ -113,7 +113,7 @@ def test_a_cap_on_the_transfer_set_keeps_copies_of_every_part_of_the_data(tmp_pa
     cfg = AugmentConfig(copies=8, candidates=3)
     every = augmented_examples(examples, cfg, str(tiny_teacher), tmp_path)[20:]
     capped = augmented_examples(examples, cfg.model_copy(update={"max_examples": 40}), str(tiny_teacher), tmp_path)
-    assert capped[:20] == [Example(e.texts, None) for e in examples] and len(capped) == 40
+    assert capped[:20] == examples and len(capped) == 40
     kept = [every.index(c) for c in capped[20:]]
     assert kept == sorted(kept) and kept[-1] > len(every) // 2  # in file order, from the second half too
 
@@ -125,35 +125,39 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
     metrics = run_experiment(build_config(config))
     assert 40 < metrics["train_examples_in_set"] <= 80 and metrics["teacher_forward_passes"] > 0
     assert "accuracy" in metrics["final"]["dev"]
-    config["output"]["dir"] = str(tmp_path / "hard")
-    config["method"] = {"name": "kd", "hard_weight": 0.5}
-    with pytest.raises(ValueError, match="gold labels"):
-        run_experiment(build_config(config))
+    assert metrics["gold_labels"] is False and metrics["gold_labelled_examples"] == 20
+    assert metrics["resolved_defaults"]["hard_weight"] == 0.0  # kd's default: the teacher alone here
 
 
-@pytest.mark.parametrize("method, without_labels", [
-    ({"name": "lrc"}, {"first_stage_fraction": 1.0}),  # its second stage's hard term (γ); COS-NCE alone needs none
-    ({"name": "pkd"}, {"alpha": 1.0}),  # 1 − α on the labels
-    ({"name": "text_smoothing", "kd_weight": 1.0}, {"label_weight": 0.0}),
-    ({"name": "codir", "negatives": 4, "negative_sampling": "batch"}, None),  # L_CE is part of CoDIR-Fine's eq. (1)
+@pytest.mark.parametrize("method", [
+    {"name": "kd", "hard_weight": 0.5},
+    {"name": "lrc"},  # its second stage's hard term (γ); it trained to 80 % of the run and died of a KeyError once
+    {"name": "pkd"},  # 1 − α on the labels
+    {"name": "text_smoothing", "kd_weight": 1.0},
+    {"name": "codir", "negatives": 4},  # L_CE is part of CoDIR-Fine's eq. (1)
+    {"name": "finetune"},  # no teacher to label the new examples: refused
 ])
-def test_methods_with_a_label_term_are_refused_on_the_teacher_labelled_set_before_training(tmp_path, glue_dir,
-                                                                                           tiny_teacher, tiny_base_model,
-                                                                                           method, without_labels):
-    """They trained up to the step that read a label (LRC: its second stage, 80 % of the run) and died of a KeyError."""
+def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labelled_set(tmp_path, glue_dir,
+                                                                                        tiny_teacher, tiny_base_model,
+                                                                                        method):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "da", epochs=1)
     if method["name"] == "text_smoothing":  # the fine-tuned teacher has no MLM head: the model it came from
         method = {**method, "smoothing_teacher": str(tiny_base_model)}
     config["method"] = method
     config["data"].update({"max_train_examples": 20, "augment": {"scheme": "tang", "copies": 2, "candidates": 4}})
-    with pytest.raises(ValueError, match=rf"^method '{method['name']}' trains on gold labels, but this training set "
-                                         "has none"):
-        run_experiment(build_config(config))
-    assert not (tmp_path / "da" / "checkpoints").exists() and not (tmp_path / "da" / "metrics.json").exists()
-    if without_labels is not None:  # with its label term off it distils the transfer set
-        config["method"] = {**method, **without_labels}
-        metrics = run_experiment(build_config(config))
-        assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"]
+    if method["name"] == "finetune":
+        with pytest.raises(ValueError, match="^.*data.augment's new examples are labelled by the teacher: set "
+                                             "teacher.model and a distillation method"):
+            build_config(config)
+        return
+    metrics = run_experiment(build_config(config))
+    assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"] and metrics["gold_labelled_examples"] == 20
+    if method["name"] == "codir":  # label-aware negatives need every example's label: in-batch ones instead
+        assert metrics["resolved_defaults"]["negative_sampling"] == "batch"
+        config["method"] = {**method, "negative_sampling": "other_label"}
+        config["output"]["dir"] = str(tmp_path / "other")
+        with pytest.raises(ValueError, match="needs every example's class label"):
+            run_experiment(build_config(config))
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from distilkit.config import build_config, method_params
+from distilkit.data.dataset import NO_CLASS, NO_SCORE
 from distilkit.data.tasks import glue_task
 from distilkit.methods import MethodContext, Progress, get_method
 from distilkit.methods.pkd import pkd_layer_map
@@ -194,6 +195,23 @@ def test_soft_label_loss_is_one_rule_for_every_method():
         -(0.25 * math.log(0.75) + 0.75 * math.log(0.25)))
     regression = _method({"name": "kd"}, task="stsb")
     assert regression.soft_label_loss(torch.tensor([[1.0]]), torch.tensor([[3.0]]), 2.0, "kl").item() == 4.0
+
+
+def test_the_label_term_reads_only_the_examples_with_a_gold_label():
+    """A teacher-labelled transfer set keeps its originals' labels; its new examples (NO_CLASS, NaN) count for nothing:
+    the loss is that of the labelled rows alone, and a batch of new examples alone gives 0 (with a gradient path)."""
+    logits = torch.tensor([[0.0, math.log(3)], [5.0, -5.0], [math.log(3), 0.0]], requires_grad=True)
+    method = _method({"name": "kd"})
+    # rows 1 and 3 labelled 1 and 0: each puts 3/4 on its label, so CE = -ln 3/4 whatever row 2 holds
+    assert method.label_loss(logits, torch.tensor([1, NO_CLASS, 0])).item() == pytest.approx(-math.log(0.75))
+    assert method.label_loss(logits, torch.tensor([1, 1, 0])).item() > 1.0  # row 2 counts when it has a label
+    nothing = method.label_loss(logits, torch.tensor([NO_CLASS] * 3))
+    nothing.backward()
+    assert nothing.item() == 0.0 and logits.grad.abs().sum() == 0
+    regression = _method({"name": "kd"}, task="stsb")
+    scores = torch.tensor([[1.0], [9.0], [2.0]])
+    # (1 - 3)² and (2 - 2)², mean 2; the unlabelled row (9 against nothing) is left out
+    assert regression.label_loss(scores, torch.tensor([3.0, NO_SCORE, 2.0])).item() == 2.0
 
 
 def _tiny_sst2(glue_dir, teacher, out, method: dict, examples: int, **train) -> object:

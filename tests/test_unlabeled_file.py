@@ -44,17 +44,17 @@ def test_cli_distils_the_labelled_cap_plus_the_rest_of_the_train_file_and_no_dev
     assert f"{expected:,} training examples, labelled by the teacher" in card and "unlabeled_file" in card
 
 
-def test_a_relative_file_is_found_under_the_data_folder_and_a_label_term_is_refused(tmp_path, glue_dir, tiny_teacher):
+def test_a_relative_file_is_found_under_the_data_folder_and_a_label_term_reads_the_labelled_examples(tmp_path, glue_dir,
+                                                                                                   tiny_teacher):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "kd", epochs=1)  # hard_weight 0.5
     config["data"].update({"max_train_examples": 20, "unlabeled_file": "glue/SST-2/train.tsv"})
-    with pytest.raises(ValueError, match="trains on gold labels, but this training set has none"):
-        run_experiment(build_config(config))
-    config["method"] = {"name": "kd"}
-    assert run_experiment(build_config(config))["train_examples_in_set"] > 20
+    metrics = run_experiment(build_config(config))
+    assert metrics["train_examples_in_set"] > 20 and metrics["gold_labelled_examples"] == 20
+    assert "20 of which keep their gold labels" in (tmp_path / "kd" / "best" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"method": {"name": "finetune"}}, "data.unlabeled_file is labelled by the teacher"),
+    ({"method": {"name": "finetune"}}, "data.unlabeled_file's new examples are labelled by the teacher"),
     ({"task": {"name": "squad", "doc_stride": 8}}, "do not apply to SQuAD"),
 ])
 def test_settings_without_a_teacher_to_label_or_sentences_to_add_are_refused(tmp_path, glue_dir, tiny_teacher,

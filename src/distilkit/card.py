@@ -125,8 +125,8 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
                 else "")
              + (", labelled by the teacher (data.augment's copies or data.unlabeled_file's texts beside the task's "
-                "examples; see the config below)" if metrics.get("gold_labels") is False and task != "unlabeled"
-                else ""),
+                f"examples, {metrics.get('gold_labelled_examples', 0):,} of which keep their gold labels; see the "
+                "config below)" if metrics.get("gold_labels") is False and task != "unlabeled" else ""),
              f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else
              "- output: answer start and end scores for every token" if qa else "- output: one score"]
     if scores:

@@ -137,7 +137,7 @@ class CorpusConfig(StrictModel):
 class AugmentConfig(StrictModel):
     """Task-data augmentation for distillation: `copies` new versions of every training example.
 
-    The transfer set (originals + copies) is distilled without gold labels: the teacher labels it.
+    The teacher labels the whole transfer set (originals + copies); only the originals have gold labels.
     tinybert and tang alter words; probabilities left null take the scheme's paper values (tinybert:
     replace 0.4; tang: mask 0.1, replace 0.1, n-gram 0.25). pairs (sentence-pair tasks) alters no word:
     it pairs the task's own sentences anew, each with those BM25 finds most like it (AugSBERT).
@@ -425,9 +425,10 @@ class ExperimentConfig(StrictModel):
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
         if unlabeled and self.data.unlabeled_file:
             raise ValueError("data.unlabeled_file adds texts to a task's examples; a corpus is unlabeled already")
-        if self.data.unlabeled_file and not (self.teacher.first and self.method.needs_teacher):
-            raise ValueError("data.unlabeled_file is labelled by the teacher: set teacher.model and a distillation "
-                             "method")
+        added = "data.unlabeled_file" if self.data.unlabeled_file else "data.augment" if self.data.augment else None
+        if added and not (self.teacher.first and self.method.needs_teacher):  # finetune would read the originals only
+            raise ValueError(f"{added}'s new examples are labelled by the teacher: set teacher.model and a "
+                             "distillation method")
         if self.data.augment is not None and self.data.augment.scheme != "pairs" \
                 and not (self.data.augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")

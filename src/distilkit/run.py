@@ -99,9 +99,9 @@ def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[E
 
 def with_unlabeled(config: ExperimentConfig, task: TaskSpec, train: list[Example],
                    scored: list[tuple[str, ...]]) -> list[Example]:
-    """The transfer set: the training examples then data.unlabeled_file's texts, all without labels (the teacher
-    labels them). A text already in the training set or in a split that is scored is left out: the dev score must
-    not come from texts the student was taught."""
+    """The transfer set: the training examples (with their gold labels) then data.unlabeled_file's texts (without:
+    the teacher labels every example). A text already in the training set or in a split that is scored is left
+    out: the dev score must not come from texts the student was taught."""
     known = {e.texts for e in train}
     unseen, dev = without_scored(read_unlabeled(task, config.data.unlabeled_file, config.data), scored)
     extra, repeated = [], 0
@@ -113,7 +113,7 @@ def with_unlabeled(config: ExperimentConfig, task: TaskSpec, train: list[Example
             extra.append(e)
     print(f"data.unlabeled_file: {len(extra)} texts added to the {len(train)} training examples; left out "
           f"{repeated} already there and {dev} of a scored split", file=sys.stderr)
-    return [Example(e.texts, None) for e in train] + extra
+    return train + extra
 
 
 def check_own_tokenizer(config: ExperimentConfig, task: TaskSpec, method_cls) -> None:
@@ -188,7 +188,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     else:
         train_examples, held_out_dev = training_examples(config, task)
         scored = eval_examples(config, task, held_out_dev)
-        teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # gold labels dropped
+        teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # new examples without
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
@@ -236,17 +236,17 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     student.use_packing(config.train.packing)  # the teacher runs padded: its cache is filled once, bitwise as live
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
+    every_label = bool(getattr(train_data, "has_labels", False))  # False: a corpus, or a transfer set's new examples
     scratch = None if config.teacher.cache else tempfile.TemporaryDirectory(prefix="distilkit-store-")
     store_dir = cache_root(config.teacher.cache_dir) if scratch is None else Path(scratch.name)
     ctx = MethodContext(task=task, student=student, teacher=teacher, train_size=train_data.num_examples,
-                        train_labels=None if task.answer_spans else labels,  # answer positions are no classes
-                        labelled=labels is not None,
+                        train_labels=labels if every_label and not task.answer_spans else None,  # spans: no classes
+                        labelled=every_label,
                         accelerator=accelerator, train_data=train_data, store_dir=store_dir)
     method = method_cls(config.method, ctx)
     if method.uses_labels() and labels is None:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
-                        "(an unlabeled corpus, or an augmented set labelled by the teacher): use a distillation "
-                        "method without a hard-label term")
+                        "(an unlabeled corpus): use a distillation method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
     caches = []
     # a streamed corpus is seen about once, and masked batches change every step: their teacher outputs
@@ -366,8 +366,11 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "teacher": config.teacher.model if not config.teacher.models else config.teacher.names,
         "params": count_parameters(run.student),
         "train_examples_in_set": run.train_data.num_examples,
-        # False: the teacher labelled the training set (augmented copies, data.unlabeled_file's texts, a corpus)
-        "gold_labels": getattr(run.train_data, "labels", None) is not None,
+        # False: the teacher labelled the training set (augmented copies, data.unlabeled_file's texts, a corpus);
+        # then the examples that kept a gold label (a transfer set's originals) are counted
+        "gold_labels": bool(getattr(run.train_data, "has_labels", False)),
+        **({} if getattr(run.train_data, "has_labels", False) else
+           {"gold_labelled_examples": getattr(run.train_data, "gold_labelled", 0)}),
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its

@@ -22,6 +22,9 @@ from distilkit.data.readers import Example
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 TEACHER_PREFIX = "teacher_"
+# the label of an example without one (a new example of a teacher-labelled transfer set): cross-entropy's ignore_index
+NO_CLASS = -100
+NO_SCORE = float("nan")
 
 
 def teacher_inputs(batch: dict) -> dict:
@@ -58,10 +61,14 @@ class TokenizedDataset(torch.utils.data.Dataset):
         types = encoded.get("token_type_ids")
         self.token_type_ids = [np.asarray(t, dtype=np.int32) for t in types] if types is not None else None
         self.lengths = np.asarray([len(ids) for ids in self.input_ids], dtype=np.int64)
-        self.has_labels = all(e.label is not None for e in self.examples)
+        # a teacher-labelled transfer set keeps its originals' gold labels; its new examples have none (NO_LABEL)
+        self.gold_labelled = sum(e.label is not None for e in self.examples)
+        self.has_labels = self.gold_labelled == len(self.examples)
+        missing = NO_SCORE if is_regression else NO_CLASS
         self.labels = (
-            np.asarray([e.label for e in self.examples], dtype=np.float32 if is_regression else np.int64)
-            if self.has_labels else None
+            np.asarray([missing if e.label is None else e.label for e in self.examples],
+                       dtype=np.float32 if is_regression else np.int64)
+            if self.gold_labelled else None
         )
         self.pad_token_id = tokenizer.pad_token_id or 0
         self.teacher_view = None if teacher_tokenizer is None else \

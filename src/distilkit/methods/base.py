@@ -25,6 +25,7 @@ from torch import nn
 
 from distilkit import losses
 from distilkit.config import MethodParams, register_method_params
+from distilkit.data.dataset import NO_CLASS
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.features import Features, FeatureRequest
 from distilkit.models.student import uniform_layer_map
@@ -37,8 +38,9 @@ class MethodContext:
     student: nn.Module  # a distilkit Student
     teacher: object | None  # a distilkit Teacher
     train_size: int | None  # None for a streamed corpus (example_ids are then only unique within a batch)
-    train_labels: torch.Tensor | None = None  # for label-aware negatives
-    # the training set carries gold labels (False: an unlabeled corpus, or an augmented set the teacher labels)
+    train_labels: torch.Tensor | None = None  # for label-aware negatives: every example's, or None
+    # every training example carries a gold label (False: an unlabeled corpus, or a teacher-labelled transfer set,
+    # where only the originals have one): what label-term defaults follow
     labelled: bool = True
     accelerator: object | None = None  # for gathering in-batch negatives across processes
     train_data: object | None = None  # the TokenizedDataset (RefBERT pairs each example with a reference)
@@ -80,7 +82,7 @@ class Method(nn.Module):
         updates state the optimizer does not train (a memory bank), from what its `training_step` recorded."""
 
     def uses_labels(self) -> bool:
-        """True when the loss needs gold labels (so it cannot train on unlabeled or teacher-labelled data)."""
+        """True when the loss needs gold labels (so it cannot train on an unlabeled corpus)."""
         return False
 
     @classmethod
@@ -93,7 +95,14 @@ class Method(nn.Module):
     # shared pieces -----------------------------------------------------------------------------
 
     def label_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The task's own loss: cross-entropy, or MSE for regression (STS-B)."""
+        """The task's own loss: cross-entropy, or MSE for regression (STS-B), over the examples with a gold label. In
+        a teacher-labelled transfer set only the originals have one; a batch of new examples alone gives 0."""
+        known = ~torch.isnan(labels) if self.ctx.task.is_regression else labels != NO_CLASS
+        known = known.reshape(len(known), -1).all(-1)  # span labels: (batch, 2) positions
+        if not known.all():
+            if not known.any():
+                return logits.sum() * 0.0
+            logits, labels = logits[known], labels[known]
         if self.ctx.task.is_regression:
             return losses.mse(logits.squeeze(-1), labels.float())
         return losses.hard_cross_entropy(logits, labels)

@@ -120,8 +120,9 @@ class CoDIR(Method):
         """For each class, the ids of the training examples with another label (fine-tuning negatives)."""
         labels = self.ctx.train_labels
         if self.ctx.task.is_regression or labels is None:
-            raise ValueError("negative_sampling=other_label needs class labels; for regression, answer spans "
-                             "(SQuAD) or unlabeled data set method.negative_sampling=batch")
+            raise ValueError("negative_sampling=other_label needs every example's class label; for regression, answer "
+                             "spans (SQuAD), unlabeled data or a teacher-labelled transfer set set "
+                             "method.negative_sampling=batch")
         pools = [torch.nonzero(labels != c).flatten() for c in range(self.ctx.task.num_labels)]
         if any(len(pool) == 0 for pool in pools):
             raise ValueError("every training example has the same label: no negatives with another label exist")

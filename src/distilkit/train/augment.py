@@ -25,8 +25,8 @@ MLM candidates come from one teacher pass per 1/7 of the words: every 7th word i
 (≈15%, BERT's own masking rate) instead of one word per pass as in TinyBERT, 7 passes per
 example instead of one per word; on a GPU the passes of many examples share a batch.
 
-The transfer set is the originals plus the copies, all WITHOUT gold labels: the teacher labels
-them during distillation. It is cached on disk as JSON lines, keyed by the data, the MLM's
+The transfer set is the originals (with their gold labels) plus the copies (without): the teacher labels
+every example during distillation, and a method's label term reads the originals' labels. The copies are cached on disk as JSON lines, keyed by the data, the MLM's
 weights and the settings, so every run and method reuses it.
 """
 
@@ -256,7 +256,7 @@ def recombined_pairs(examples: list[Example], copies: int) -> list[tuple[str, st
 
 def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: str | None, cache_root: Path,
                        device: torch.device | str = "cpu", scored: list[tuple[str, ...]] = ()) -> list[Example]:
-    """Originals then copies, without labels, capped to cfg.max_examples (the originals, then a seeded sample of
+    """Originals (with their labels) then copies (without), capped to cfg.max_examples (the originals, then a seeded sample of
     the copies); the copies are made once (altered copies on `device`, the run's accelerator) and cached. A copy
     equal to a `scored` (dev) example is left out (`without_scored`)."""
     if cfg.scheme == "pairs":
@@ -271,7 +271,7 @@ def augmented_examples(examples: list[Example], cfg: AugmentConfig, mlm_model: s
     copies, left_out = without_scored(copies, scored)
     if left_out:
         print(f"data.augment: left out {left_out} new examples equal to one of a scored split", file=sys.stderr)
-    originals = [Example(e.texts, None) for e in examples]
+    originals = list(examples)
     if cfg.max_examples and len(originals) + len(copies) > cfg.max_examples:
         # a seeded sample of the copies, in file order: the first n lines were the copies of the first examples only
         room = max(cfg.max_examples - len(originals), 0)
