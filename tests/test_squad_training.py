@@ -89,7 +89,7 @@ def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_tea
 
 
 def test_codir_label_aware_negatives_need_classes(tmp_path, squad_files, tiny_qa_teacher):
-    with pytest.raises(ValueError, match=r"answer spans \(SQuAD\) .*negative_sampling=batch"):
+    with pytest.raises(ValueError, match=r"answer spans \(SQuAD\), .*negative_sampling=batch"):
         run_experiment(build_config({
             "task": qa_task(squad_files), "data": {"max_length": 24}, "teacher": {"model": str(tiny_qa_teacher)},
             "student": {"layers": 2}, "method": {"name": "codir", "negative_sampling": "other_label"},
