@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from distilkit.config import AugmentConfig, build_config, dump_config
+from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_config
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 from distilkit.data.readers import DataError, Example
@@ -202,22 +202,39 @@ def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_
     assert build_config(yaml.safe_load(dump_config(built))).data.augment == built.data.augment
 
 
-def test_the_kd_pairs_preset_distils_a_pair_task_on_recombined_pairs_the_teacher_labels(tmp_path, glue_dir,
-                                                                                         tiny_teacher):
-    """The shipped recipe as a user runs it: the preset, a task and a teacher (and a tiny student and one epoch)."""
-    out = tmp_path / "student"
-    result = subprocess.run(
-        [sys.executable, "-m", "distilkit", "distill", "--preset", "kd-pairs", "--set", "task.name=mrpc",
-         "--set", f"data.dir={glue_dir}", "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}",
-         "--set", "student.layers=2", "--set", "train.epochs=1", "--set", "train.batch_size=16",
-         "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}"],
-        capture_output=True, text=True, env=dict(os.environ), timeout=600)
+def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_default(tmp_path, glue_dir, tiny_teacher):
+    """data.augment unset (config.PAIRS_RULE), as a user runs kd: the task, a teacher, kd. The saved config names the
+    rule; the metrics say what it chose; null opts out; a method without pairs_by_default is left alone."""
+    def distill(out, *extra):
+        return subprocess.run(
+            [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
+             "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
+             "--set", "student.layers=2", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+             "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}", *extra],
+            capture_output=True, text=True, env=dict(os.environ), timeout=600)
+
+    result = distill(tmp_path / "student")
     assert result.returncode == 0, result.stderr
+    assert "data.augment unset: kd learns from this small sentence-pair task's sentences paired anew" in result.stderr
     metrics = json.loads(result.stdout)
     assert 64 * 3 < metrics["train_examples_in_set"] <= 64 * 5 and metrics["teacher_forward_passes"] > 0
+    assert metrics["augment_by_rule"]["scheme"] == "pairs" and metrics["augment_by_rule"]["copies"] == 4
     assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False
-    saved = yaml.safe_load((out / "config.yaml").read_text())
-    assert saved["data"]["augment"]["scheme"] == "pairs" and saved["data"]["augment"]["copies"] == 4
+    assert metrics["gold_labelled_examples"] == 64
+    saved = yaml.safe_load((tmp_path / "student" / "config.yaml").read_text())
+    assert saved["data"]["augment"] == PAIRS_RULE
+    assert "paired anew by data.augment's default rule" in (tmp_path / "student" / "best" / "README.md").read_text()
+
+    given = distill(tmp_path / "given", "--set", "data.augment=null")
+    assert given.returncode == 0, given.stderr
+    metrics = json.loads(given.stdout)
+    assert metrics["train_examples_in_set"] == 64 and metrics["gold_labels"] is True
+    assert "augment_by_rule" not in metrics and "paired anew" not in given.stderr
+    other = distill(tmp_path / "pkd", "--set", "method.name=pkd")
+    assert other.returncode == 0, other.stderr
+    metrics = json.loads(other.stdout)
+    assert metrics["train_examples_in_set"] == 64 and metrics["augment_by_rule"] is None
+
     refused = subprocess.run(
         [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
          "--set", "data.augment={scheme: pairs}", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",

@@ -16,7 +16,7 @@ PRESETS = sorted((ROOT / "src" / "distilkit" / "presets").glob("*.yaml"))
 PLANS = sorted((ROOT / "src" / "distilkit" / "presets" / "plans").glob("*.yaml")) + sorted(
     (ROOT / "benchmarks" / "plans").glob("*.yaml"))
 # presets that are one method's settings, to add a task and a teacher to
-METHOD_PRESETS = {"codir", "lrc", "kd-pairs"}
+METHOD_PRESETS = {"codir", "lrc"}
 CORPUS_PRESETS = {"codir-pretrain"}  # a whole stage on the wiki corpus: add the teacher
 
 

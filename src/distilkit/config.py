@@ -39,6 +39,9 @@ class MethodParams(StrictModel):
     # MLM distribution need one teacher's own
     several_teachers: ClassVar[bool] = False
     student_kind: ClassVar[str | None] = None  # the one student kind the method can train (sra: bilstm); None: any
+    # True: where data.augment is unset, a small sentence-pair task is distilled on its sentences paired anew as well
+    # (PAIRS_RULE)
+    pairs_by_default: ClassVar[bool] = False
 
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}
@@ -169,6 +172,15 @@ class AugmentConfig(StrictModel):
         return self
 
 
+# `data.augment` left unset: a method whose Params say pairs_by_default (kd) distils a sentence-pair task of fewer than
+# SMALL_SET_MIN_EXAMPLES training examples on its own sentences paired anew as well ({scheme: pairs, copies:
+# PAIRS_RULE_COPIES}: AugSBERT's BM25 sampling, the teacher labelling every new pair), when a teacher is set and no
+# data.unlabeled_file is given. Evidence in methods/kd.py. Saved as these words, so that a run's config.yaml says
+# what it relied on and a changed rule is another value (as LENGTH_RULE)
+PAIRS_RULE = "pairs on a small sentence-pair task, for a method that takes them"
+PAIRS_RULE_COPIES = 4
+
+
 class DataConfig(StrictModel):
     source: Literal["local", "hub"] = "local"
     dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
@@ -185,12 +197,27 @@ class DataConfig(StrictModel):
     bucket_batches: int = Field(1, ge=1)
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
-    augment: AugmentConfig | None = None  # augmented transfer set for task distillation
+    # an augmented transfer set for task distillation. Unset: PAIRS_RULE (below) decides; null: none
+    augment: AugmentConfig | Literal[PAIRS_RULE] | None = Field(PAIRS_RULE, validate_default=True)
     # in-domain texts without labels, in the task's file format (a label column is not read; a relative path is
     # looked up in the working folder, then under data.dir): added to the training examples, and the teacher labels
     # the whole set (Hinton et al.'s transfer set; what TinyBERT's and Tang et al.'s augmentation stand in for)
     unlabeled_file: str | None = None
     mlm_probability: float | None = Field(None, gt=0, lt=1)  # BERT MLM masking of every batch (0.15)
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _augment_or_the_rule(cls, value):
+        if isinstance(value, str) and value != PAIRS_RULE:
+            raise ValueError(f"{value!r} is neither augmentation settings ({{scheme: pairs, copies: 4}}) nor today's "
+                             f"default ({PAIRS_RULE!r}; a config saved by another version of distilkit names its rule):"
+                             " set the settings, null for none, or leave it unset")
+        return value
+
+    @property
+    def given_augment(self) -> AugmentConfig | None:
+        """The augmentation the config sets itself (the pairs rule's choice depends on the task and the method)."""
+        return self.augment if isinstance(self.augment, AugmentConfig) else None
 
 
 class TeacherConfig(StrictModel):
@@ -421,23 +448,23 @@ class ExperimentConfig(StrictModel):
                              "from data.corpus.files, and a corpus has no labels for a GLUE task")
         if unlabeled and not self.train.max_steps:
             raise ValueError("a streamed corpus has no known size: set train.max_steps")
-        if unlabeled and self.data.augment is not None:
+        if unlabeled and self.data.given_augment is not None:
             raise ValueError("data.augment alters task examples; it does not apply to a corpus")
         if unlabeled and self.data.unlabeled_file:
             raise ValueError("data.unlabeled_file adds texts to a task's examples; a corpus is unlabeled already")
-        added = "data.unlabeled_file" if self.data.unlabeled_file else "data.augment" if self.data.augment else None
+        augment = self.data.given_augment
+        added = "data.unlabeled_file" if self.data.unlabeled_file else "data.augment" if augment else None
         if added and not (self.teacher.first and self.method.needs_teacher):  # finetune would read the originals only
             raise ValueError(f"{added}'s new examples are labelled by the teacher: set teacher.model and a "
                              "distillation method")
-        if self.data.augment is not None and self.data.augment.scheme != "pairs" \
-                and not (self.data.augment.model or self.teacher.first):
+        if augment is not None and augment.scheme != "pairs" and not (augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
             spans = getattr(_task_lookup(self.task.name), "answer_spans", False)
             if spans and self.task.doc_stride >= self.data.max_length:
                 raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
                                  f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
-            if spans and (self.data.augment is not None or self.data.unlabeled_file):
+            if spans and (augment is not None or self.data.unlabeled_file):
                 raise ValueError("data.augment and data.unlabeled_file add sentences or pairs; they do not apply to "
                                  "SQuAD")
         if self.method.student_kind not in (None, self.student.kind):

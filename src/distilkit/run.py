@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
-from distilkit.config import DataConfig, ExperimentConfig, dump_config
+from distilkit.config import PAIRS_RULE, PAIRS_RULE_COPIES, SMALL_SET_MIN_EXAMPLES, AugmentConfig, DataConfig, \
+    ExperimentConfig, dump_config
 from distilkit.train.augment import augmented_examples
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
@@ -77,6 +78,15 @@ def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Ex
     """The training set (held-out dev examples removed, then capped) and the examples held out as dev."""
     train, dev = held_out(read_split(task, "train", config.data), config.data.dev_from_train)
     return capped(train, config.data.max_train_examples), dev
+
+
+def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int) -> AugmentConfig | None:
+    """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method."""
+    if config.data.augment != PAIRS_RULE:
+        return config.data.augment
+    fires = (get_method(config.method.name).Params.pairs_by_default and task.is_pair and not task.answer_spans
+             and train_size < SMALL_SET_MIN_EXAMPLES and config.teacher.first and not config.data.unlabeled_file)
+    return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
 
 
 def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[Example] = ()
@@ -149,6 +159,7 @@ class BuiltRun:
     teacher_source: TeacherSource
     teacher_caches: list[TeacherCache]  # one per teacher, when outputs are cached
     scratch: tempfile.TemporaryDirectory | None = None  # the method's store when teacher.cache is false
+    augment: AugmentConfig | None = None  # the transfer set's augmentation: data.augment's, or the pairs rule's
 
     @property
     def teacher(self) -> Teacher | None:
@@ -158,6 +169,11 @@ class BuiltRun:
     @property
     def teacher_cache(self) -> TeacherCache | None:
         return self.teacher_caches[0] if self.teacher_caches else None
+
+
+def load_teachers(config: ExperimentConfig, task: TaskSpec, accelerator=None) -> list[Teacher]:
+    return [Teacher(name, task, config.teacher.trust_remote_code, config.train.mixed_precision,
+                    device=accelerator.device if accelerator is not None else "cpu") for name in config.teacher.names]
 
 
 def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
@@ -183,19 +199,31 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         if student_tokenizer is not None and student_tokenizer.get_vocab() != tokenizer.get_vocab():
             check_own_tokenizer(config, task, method_cls)
             tokenizer_source, tokenizer, teacher_tokenizer = config.student.pretrained, student_tokenizer, tokenizer
+    if config.student.kind == "bilstm" and task.is_pair and "token_type_ids" not in tokenizer.model_input_names:
+        raise ValueError(f"a BiLSTM student reads a pair's two texts apart by their token_type_ids, which the tokenizer "
+                         f"of {tokenizer_source} does not give: use a tokenizer with segment ids (BERT's) or a "
+                         "Transformer student")
+    augment = None
     if task.unlabeled:
         train_data, eval_data = load_corpus(config, tokenizer)
+        teachers = load_teachers(config, task, accelerator)
     else:
         train_examples, held_out_dev = training_examples(config, task)
         scored = eval_examples(config, task, held_out_dev)
-        teacher_labels = config.data.augment is not None or config.data.unlabeled_file  # new examples without
+        augment = augment_for(config, task, len(train_examples))
+        teacher_labels = augment is not None or config.data.unlabeled_file  # new examples without
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
+        teachers = load_teachers(config, task, accelerator)  # before a transfer set is built: a wrong one is refused
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
         scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
-        if config.data.augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
-            train_examples = augmented_examples(train_examples, config.data.augment,
-                                                config.data.augment.model or config.teacher.first,
+        if augment is not None and config.data.augment == PAIRS_RULE and \
+                (accelerator is None or accelerator.is_main_process):
+            print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's sentences "
+                  f"paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the teacher; README, "
+                  "Choosing a method); set data.augment: null for the given pairs only", file=sys.stderr)
+        if augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
+            train_examples = augmented_examples(train_examples, augment, augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
                                                 accelerator.device if accelerator is not None else "cpu",
                                                 scored_texts)
@@ -216,9 +244,6 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         if task.unlabeled:  # the held-out loss needs the same corruption (dev sets are scored unmasked)
             eval_data = {k: MaskedBatches(v, tokenizer, config.data.mlm_probability) for k, v in eval_data.items()}
 
-    teachers = [Teacher(name, task, config.teacher.trust_remote_code, config.train.mixed_precision,
-                        device=accelerator.device if accelerator is not None else "cpu")
-                for name in config.teacher.names]
     teacher = teachers[0] if teachers else None
     student = build_student(config.student, teacher.model if teacher else None, task)
     student_config = getattr(getattr(student, "model", None), "config", None)
@@ -229,10 +254,6 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             and student_config.vocab_size < len(tokenizer):
         raise ValueError(f"the student has {student_config.vocab_size} token embeddings but the tokenizer of "
                          f"{tokenizer_source} has {len(tokenizer)} tokens: use a student built for that tokenizer")
-    if config.student.kind == "bilstm" and task.is_pair and "token_type_ids" not in tokenizer.model_input_names:
-        raise ValueError(f"a BiLSTM student reads a pair's two texts apart by their token_type_ids, which the tokenizer "
-                         f"of {tokenizer_source} does not give: use a tokenizer with segment ids (BERT's) or a "
-                         "Transformer student")
     student.use_packing(config.train.packing)  # the teacher runs padded: its cache is filled once, bitwise as live
     known_labels = getattr(train_data, "labels", None)
     labels = torch.as_tensor(known_labels) if known_labels is not None else None
@@ -257,7 +278,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         check_disk_space(caches, request)
     source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
-                    scratch)
+                    scratch, augment)
 
 
 def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
@@ -371,6 +392,8 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         "gold_labels": bool(getattr(run.train_data, "has_labels", False)),
         **({} if getattr(run.train_data, "has_labels", False) else
            {"gold_labelled_examples": getattr(run.train_data, "gold_labelled", 0)}),
+        **({"augment_by_rule": run.augment.model_dump() if run.augment else None}  # what data.augment's rule chose
+           if config.data.augment == PAIRS_RULE else {}),
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its
