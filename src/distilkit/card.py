@@ -109,6 +109,9 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
                       **({"teachers": metadata["teachers"], "teacher_weights": metadata["teacher_weights"]}
                          if metadata.get("teachers") else {})},
     )
+    by_rule = metrics.get("augment_by_rule")
+    added = (f"the task's sentences paired anew by data.augment's default rule, {by_rule['copies']} new pairs per "
+             "example" if by_rule else "data.augment's copies or data.unlabeled_file's texts")
     lines = [f"# {data.model_name}", "",
              ("Fine-tuned on labels only" if method == "finetune" else f"Distilled by **{method}**"
               + (f" ({paper.rstrip('.')})" if paper else "")) + " with distilkit.", "",
@@ -124,12 +127,9 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
              f"- task and data: `{task}`" + (f" ({dataset})" if dataset else "")
              + (f", {metrics['train_examples_in_set']:,} training examples" if metrics.get("train_examples_in_set")
                 else "")
-             + (", labelled by the teacher ("
-                + ("the task's sentences paired anew by data.augment's default rule, "
-                   f"{metrics['augment_by_rule']['copies']} new pairs per example" if metrics.get("augment_by_rule")
-                   else "data.augment's copies or data.unlabeled_file's texts")
-                + f" beside the task's examples, {metrics.get('gold_labelled_examples', 0):,} of which keep their gold "
-                "labels; see the config below)" if metrics.get("gold_labels") is False and task != "unlabeled" else ""),
+             + (f", labelled by the teacher ({added} beside the task's examples, "
+                f"{metrics.get('gold_labelled_examples', 0):,} of which keep their gold labels; see the config below)"
+                if metrics.get("gold_labels") is False and task != "unlabeled" else ""),
              f"- labels: {', '.join(metadata['labels'])}" if metadata.get("labels") else
              "- output: answer start and end scores for every token" if qa else "- output: one score"]
     if scores:

@@ -84,7 +84,7 @@ def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int) -> Au
     """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method."""
     if config.data.augment != PAIRS_RULE:
         return config.data.augment
-    fires = (get_method(config.method.name).Params.pairs_by_default and task.is_pair and not task.answer_spans
+    fires = (config.method.pairs_by_default and task.is_pair and not task.answer_spans
              and train_size < SMALL_SET_MIN_EXAMPLES and config.teacher.first and not config.data.unlabeled_file)
     return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
 
