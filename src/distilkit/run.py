@@ -41,7 +41,7 @@ from distilkit.models.student import NoTokenizerFiles, build_student, load_token
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
 from distilkit.train.checkpoint import atomic_write_text
-from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator
+from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, total_steps
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
 
@@ -87,6 +87,16 @@ def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int) -> Au
     fires = (config.method.pairs_by_default and task.is_pair and not task.answer_spans
              and train_size < SMALL_SET_MIN_EXAMPLES and config.teacher.first and not config.data.unlabeled_file)
     return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
+
+
+def in_the_given_steps(config: ExperimentConfig, given_examples: int, accelerator=None) -> ExperimentConfig:
+    """The pairs rule's run makes the steps the given pairs would (config.PAIRS_RULE): the new pairs change what the
+    student sees, not how long it trains."""
+    if config.train.max_steps:
+        return config
+    processes = accelerator.num_processes if accelerator is not None else 1
+    steps = total_steps(given_examples, config.train, smallest_batch(processes))
+    return config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
 
 
 def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[Example] = ()
@@ -217,11 +227,13 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         teachers = load_teachers(config, task, accelerator)  # before a transfer set is built: a wrong one is refused
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
         scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
-        if augment is not None and config.data.augment == PAIRS_RULE and \
-                (accelerator is None or accelerator.is_main_process):
-            print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's sentences "
-                  f"paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the teacher; README, "
-                  "Choosing a method); set data.augment: null for the given pairs only", file=sys.stderr)
+        if augment is not None and config.data.augment == PAIRS_RULE:
+            config = in_the_given_steps(config, len(train_examples), accelerator)
+            if accelerator is None or accelerator.is_main_process:
+                print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's "
+                      f"sentences paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the "
+                      f"teacher), in the {config.train.max_steps:,} steps the given pairs take (README, Choosing a "
+                      "method); set data.augment: null for the given pairs only", file=sys.stderr)
         if augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, augment, augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
@@ -371,7 +383,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     def save(student, directory):
         student.save(directory, run.tokenizer, student_metadata(run))
 
-    distiller = Distiller(config=config, task=run.task, student=run.student, method=run.method,
+    distiller = Distiller(config=run.config, task=run.task, student=run.student, method=run.method,
                           teacher_source=run.teacher_source, train_data=run.train_data, eval_data=run.eval_data,
                           out_dir=out, save_student=save, accelerator=accelerator, setup_seconds=cache_seconds)
     try:

@@ -107,6 +107,12 @@ def steps_per_epoch(num_examples: int, batch_size: int, grad_accumulation: int, 
     return math.ceil(batches_per_epoch(num_examples, batch_size, min_batch) / grad_accumulation)
 
 
+def smallest_batch(num_processes: int) -> int:
+    """Every process gets a row of each global batch, and every row an in-batch negative: a shorter last batch of an
+    epoch joins the one before it."""
+    return max(2, num_processes)
+
+
 def total_steps(num_examples: int | None, train_cfg, min_batch: int = 2) -> int:
     """Optimizer steps of the run; a streamed corpus (size unknown: None) must say train.max_steps."""
     if train_cfg.max_steps:
@@ -244,9 +250,7 @@ class Distiller:
         self.out_dir = Path(out_dir)
         self.save_student = save_student  # (student, directory) -> None
         self.accelerator = accelerator or make_accelerator(config.train.mixed_precision)
-        # every process gets a row of each global batch, and every row an in-batch negative: a shorter last
-        # batch of an epoch joins the one before it
-        self.min_batch = max(2, self.accelerator.num_processes)
+        self.min_batch = smallest_batch(self.accelerator.num_processes)
         self.n_total = total_steps(train_data.num_examples, config.train, self.min_batch)
         cfg, size = config.train, train_data.num_examples
         if cfg.epochs == LENGTH_RULE and not cfg.max_steps and cfg.epochs_for(size) > DEFAULT_EPOCHS \
