@@ -246,3 +246,19 @@ def test_runs_pair_only_on_one_kind_of_machine_not_just_one_cpu_name():
     lines = paired_table(runs, spec, None)
     assert any(line.startswith("| a then b | 1 |") for line in lines)
     assert lines[-1] == "Rows left out, their runs on different machines: a then b-other."  # it vanished unsaid
+
+
+def test_an_intel_cpu_with_amx_and_one_without_are_two_kinds_of_machine():
+    """Two Xeons share a name and torch's capability, not their bf16 kernels: a run of each is no pair, and a record
+    from before `amx` was recorded pairs with neither. An EPYC's old and new records stay one kind (AMD has no AMX)."""
+    from distilkit.evaluate.report import cpu
+
+    def env(name, **extra):
+        return {"environment": {"cpu": name, "cpu_capability": "AVX512", "torch": "2.13.0+cpu", **extra}}
+    xeon = "Intel(R) Xeon(R) Processor"
+    kinds = {cpu(env(xeon, amx=True)), cpu(env(xeon, amx=False)), cpu(env(xeon))}
+    assert len(kinds) == 3 and cpu(env(xeon, amx=False)) == "Intel(R) Xeon(R) Processor, AVX512, no AMX, 2.13.0+cpu"
+    assert cpu(env("AMD EPYC", amx=False)) == cpu(env("AMD EPYC")) == "AMD EPYC, AVX512, 2.13.0+cpu"
+    from distilkit.machine import environment
+
+    assert isinstance(environment()["amx"], bool)  # every new record says

@@ -285,12 +285,16 @@ def machine(records: list[dict]) -> str:
 
 def cpu(record: dict) -> str | None:
     """The kind of machine a run trained on, as far as it decides the numbers: the CPU and the instruction set torch
-    used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions."""
+    used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions. An Intel Xeon with AMX
+    and one without share a name and torch's capability (AVX512) but not their bf16 kernels (the STS-B teacher:
+    Pearson 0.84677 with AMX, 0.84867 without), so an Intel CPU says which it is; records written before `amx` was
+    recorded (2026-11-29) say neither, and pair with neither. AMD has no AMX."""
     env = record.get("environment", {})
     if not env.get("cpu"):
         return None
-    return ", ".join(str(v) for v in (env["cpu"], env.get("cpu_capability"), env.get("torch"), env.get("transformers"))
-                     if v)
+    amx = None if "amx" not in env or "AMD" in env["cpu"] else "AMX" if env["amx"] else "no AMX"
+    return ", ".join(str(v) for v in (env["cpu"], env.get("cpu_capability"), amx, env.get("torch"),
+                                      env.get("transformers")) if v)
 
 
 def runs_table(runs: dict[str, dict]) -> list[str]:
