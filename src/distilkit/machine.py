@@ -29,7 +29,8 @@ def environment() -> dict:
     except OSError:
         pass
     return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_bf16": cpu_has_native_bf16(), "amx": torch.cpu._is_amx_tile_supported(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "native_bf16": cpu_has_native_bf16(), "amx": torch.cpu._is_amx_tile_supported(),
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "python": platform.python_version(),
             "platform": platform.platform()}
