@@ -2,6 +2,7 @@
 Transformer layers in fp32 until it agrees (export.quantize_int8)."""
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -88,11 +89,15 @@ def test_a_trial_model_of_a_killed_search_is_removed_by_the_next_one(tiny_regres
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.int8.onnx", live_trial.name])
 
 
-def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regressor, tmp_path):
+def test_int8_leaves_the_most_sensitive_layers_in_fp32_until_it_agrees(tiny_regressor, tmp_path, caplog):
     fp32 = tiny_regressor / "model.onnx"
     all_int8 = int8_check(quantize_int8(fp32, tmp_path / "all.onnx", texts=TEXTS, min_agreement=0.0))["agreement"]
     target = (all_int8 + 1.0) / 2  # above what all-int8 reaches: some layer must go back to fp32
-    check = int8_check(quantize_int8(fp32, tmp_path / "mixed.onnx", texts=TEXTS, min_agreement=target))
+    with caplog.at_level(logging.INFO):
+        check = int8_check(quantize_int8(fp32, tmp_path / "mixed.onnx", texts=TEXTS, min_agreement=target))
+    # the user reads one line naming the file written (not the search's trial file), and no advice repeated per trial
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and f"int8 {tmp_path / 'mixed.onnx'}: left in fp32" in warnings[0], warnings
     groups = layer_groups(fp32)
     assert set(groups) == {"layer 0", "layer 1", "layer 2", "layer 3", "outside layers"}
     assert check["all_int8_agreement"] == pytest.approx(all_int8)

@@ -181,20 +181,20 @@ def _quantize_checked(onnx_path: Path, out_path: Path, name: str, model_dir: Pat
     # sensitivity: the mean squared logit change with only that group in int8 (continuous, so it ranks groups
     # that flip no prediction on their own)
     sensitivity = {}
-    for name, nodes in groups.items():
-        others = [n for other, members in groups.items() if other != name for n in members]
+    for group in groups:
+        others = [n for other, members in groups.items() if other != group for n in members]
         _quantize(onnx_path, out_path, others)
-        sensitivity[name] = float(np.mean((_run(out_path, feeds) - fp32) ** 2))
+        sensitivity[group] = float(np.mean((_run(out_path, feeds) - fp32) ** 2))
     kept_fp32: list[str] = []
-    for name in sorted(sensitivity, key=sensitivity.get, reverse=True):
-        kept_fp32.append(name)
+    for group in sorted(sensitivity, key=sensitivity.get, reverse=True):
+        kept_fp32.append(group)
         excluded = [n for group in kept_fp32 for n in groups[group]]
         agreement = _quantize_and_compare(onnx_path, out_path, excluded, feeds, fp32)
         if agreement >= min_agreement:
             break
     # a warning, so the CLI (which configures no logging) shows it too
     log.warning("int8 %s: left in fp32 %s (most sensitive first), because all-int8 agreed with fp32 on fewer than "
-             "%.1f%% of %s; now agrees on %.2f%%", out_path.name, ", ".join(kept_fp32), 100 * min_agreement, source,
+             "%.1f%% of %s; now agrees on %.2f%%", name, ", ".join(kept_fp32), 100 * min_agreement, source,
              100 * agreement)
     return {"checked": True, "calibration": source, "agreement": agreement, "layers_fp32": kept_fp32,
             "all_int8_agreement": all_int8, "sensitivity": sensitivity}
@@ -303,8 +303,20 @@ def _unlabelled_text(meta: dict) -> tuple[list | None, str, str]:
 def _quantize(onnx_path: Path, out_path: Path, excluded: list[str]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(onnx_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True,
-                     nodes_to_exclude=excluded)
+    root = logging.getLogger()
+    root.addFilter(_without_preprocessing_advice)
+    try:
+        quantize_dynamic(str(onnx_path), str(out_path), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=excluded)
+    finally:
+        root.removeFilter(_without_preprocessing_advice)
+
+
+def _without_preprocessing_advice(record: logging.LogRecord) -> bool:
+    """ONNX Runtime advises its shape-inference pre-processing on every quantize_dynamic call, to the root logger:
+    a layer search made it print the same line 7 times. The int8 figures (benchmarks/results/int8/) are measured
+    without that step, so the advice is dropped rather than shown to every user of `export --int8`."""
+    return not record.getMessage().startswith("Please consider to run pre-processing before quantization")
 
 
 def _run(onnx_path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
