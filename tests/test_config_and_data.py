@@ -1,9 +1,11 @@
 """Bad configs and bad data fail early, naming the field or the file and line."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from distilkit.config import ConfigError, dump_config, load_config, same_config
@@ -24,11 +26,39 @@ def test_invalid_choice_names_field_and_allowed_values(tmp_path):
     assert "train.mixed_precision" in str(err.value) and "'bf16'" in str(err.value)
 
 
-@pytest.mark.parametrize("native, resolved", [(True, "bf16"), (False, "no")])
-def test_auto_precision_is_bf16_only_where_the_cpu_computes_it(monkeypatch, native, resolved):
-    monkeypatch.setattr("distilkit.config.cpu_has_native_bf16", lambda: native)
+@pytest.mark.parametrize("speedup, resolved", [(1.4, "bf16"), (0.54, "no"), (None, "no")])
+def test_auto_precision_is_bf16_only_where_the_cpu_computes_it_faster(monkeypatch, speedup, resolved):
+    """An AVX512-BF16 EPYC (bf16 faster), an AVX512-BF16 Xeon without AMX (bf16 matmuls at 0.54x), an AVX2 CPU."""
+    monkeypatch.setattr("distilkit.config.cpu_bf16_matmul_speedup", lambda: speedup)
     assert load_config(None, ["teacher.model=x"]).train.mixed_precision == resolved
     assert load_config(None, ["teacher.model=x", "train.mixed_precision=bf16"]).train.mixed_precision == "bf16"
+
+
+def test_the_bf16_speedup_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
+    from distilkit import machine
+
+    calls = []
+
+    def seconds(dtype):
+        calls.append(dtype)
+        return 2.0 if dtype == torch.float32 else 4.0  # bf16 twice as slow, as on the Xeon without AMX
+
+    monkeypatch.setattr(machine, "_matmul_seconds", seconds)
+    monkeypatch.setattr(machine, "cpu_has_native_bf16", lambda: True)
+    machine.cpu_bf16_matmul_speedup.cache_clear()
+    assert machine.cpu_bf16_matmul_speedup() == 0.5 and len(calls) == 2
+    machine.cpu_bf16_matmul_speedup.cache_clear()  # a new process on the same machine reads what was measured
+    assert machine.cpu_bf16_matmul_speedup() == 0.5 and len(calls) == 2
+    assert load_config(None, ["teacher.model=x"]).train.mixed_precision == "no"
+    assert json.loads((tmp_path / "cache" / "bf16-matmul-speedup.json").read_text()) == {
+        "|".join([machine._cpu_name(), torch.backends.cpu.get_cpu_capability(),
+                  f"amx={torch.cpu._is_amx_tile_supported()}", torch.__version__]): 0.5}
+    assert machine.environment()["bf16_matmul_speedup"] == 0.5  # each run's record says so
+    # emulated bf16 (an AVX2 CPU) is not measured: it is never faster
+    monkeypatch.setattr(machine, "cpu_has_native_bf16", lambda: False)
+    machine.cpu_bf16_matmul_speedup.cache_clear()
+    assert machine.cpu_bf16_matmul_speedup() is None and len(calls) == 2
+    machine.cpu_bf16_matmul_speedup.cache_clear()
 
 
 def test_unknown_field_is_refused(tmp_path):

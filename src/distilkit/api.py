@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distilkit.config import ExperimentConfig, build_config, load_config
-from distilkit.models.hub import cache_root
+from distilkit.machine import cache_root
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from distilkit.machine import cpu_has_native_bf16
+from distilkit.machine import cpu_bf16_matmul_speedup
 
 
 class ConfigError(ValueError):
@@ -349,8 +349,9 @@ class TrainConfig(StrictModel):
     warmup_ratio: float = Field(0.1, ge=0, lt=1)
     grad_accumulation: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    # auto: bf16 on a GPU that has it, fp16 (with loss scaling) on one that does not, bf16 on a CPU that
-    # computes it natively, else no (fp32). The resolved config records what ran.
+    # auto: bf16 on a GPU that has it, fp16 (with loss scaling) on one that does not, bf16 on a CPU whose bf16
+    # matmuls are faster than its fp32 ones (measured once per machine: machine.cpu_bf16_matmul_speedup), else no
+    # (fp32). The resolved config records what ran.
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", validate_default=True)
     # the student's batches run as a few rows of whole sequences with a block-diagonal attention mask: no compute
     # on padding, the same outputs (models/features.py); students that cannot run packed run padded, with one log
@@ -399,7 +400,7 @@ class TrainConfig(StrictModel):
         if torch.cuda.is_available():
             # native bf16 only (Ampere on): torch also counts emulation, which is slow, on V100 / T4
             return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
-        return "bf16" if cpu_has_native_bf16() else "no"
+        return "bf16" if (cpu_bf16_matmul_speedup() or 0) > 1 else "no"
 
     def epochs_for(self, num_examples: int) -> float:
         """The epochs a run over `num_examples` makes: train.epochs, or when unset the length rule above."""

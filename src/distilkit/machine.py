@@ -1,10 +1,14 @@
-"""The machine a run happens on: what it is, whether it computes bf16 natively, how much memory a run took."""
+"""The machine a run happens on: what it is, where it keeps things, whether bf16 pays off on it, how much memory a
+run took."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 import resource
+import time
 from pathlib import Path
 
 import accelerate
@@ -12,24 +16,82 @@ import torch
 import transformers
 
 
+CACHE_ENV = "DISTILKIT_CACHE"
+
+
+def cache_root(configured: str | None = None) -> Path:
+    root = configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distilkit"
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def cpu_has_native_bf16() -> bool:
-    """bf16 autocast pays off only where the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere
-    PyTorch emulates it (a matmul measured 36x slower than fp32 on an AVX2-only EPYC)."""
+    """Whether the CPU has bf16 instructions (AVX512-BF16 or AMX); without them PyTorch emulates bf16 (a matmul
+    measured 36x slower than fp32 on an AVX2-only EPYC)."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+@functools.cache
+def cpu_bf16_matmul_speedup() -> float | None:
+    """fp32 time over bf16 time of the matmuls a student's layers make, on this CPU (None: no bf16 instructions).
+
+    Having the instructions is not enough: on an Intel Xeon with AVX512-BF16 and no AMX, bf16 matmuls took twice
+    fp32's time and a MiniLM training step 1.8x (benchmarks/results/bf16-cpu/), where an AVX512-BF16 EPYC trained
+    1.4x faster in bf16 (benchmarks/results/vs_textbrewer/). So it is measured, once per CPU and torch version
+    (~1 s), and kept in the cache folder: every later run on the machine resolves `auto` the same way."""
+    if not cpu_has_native_bf16():
+        return None
+    key = "|".join([_cpu_name(), torch.backends.cpu.get_cpu_capability(), f"amx={torch.cpu._is_amx_tile_supported()}",
+                    torch.__version__])
+    path = cache_root() / "bf16-matmul-speedup.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = round(_matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16), 3)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    return known[key]
+
+
+def _matmul_seconds(dtype: torch.dtype) -> float:
+    """A 384- and a 768-wide layer's feed-forward matmul for 1,024 tokens, best of 5 each, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        total = 0.0
+        for width in (384, 768):
+            x, w = torch.randn(1024, width, dtype=dtype), torch.randn(4 * width, width, dtype=dtype)
+            torch.nn.functional.linear(x, w)  # oneDNN builds its kernel on the first call
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                times.append(time.perf_counter() - start)
+            total += min(times)
+        return total
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def environment() -> dict:
     """Written beside every run's results, so a number can be traced to the machine and versions behind it."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": _cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_native_bf16(), "amx": torch.cpu._is_amx_tile_supported(),
+            "bf16_matmul_speedup": cpu_bf16_matmul_speedup(),
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "python": platform.python_version(),

@@ -34,9 +34,8 @@ from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
                                                 teacher_scores)
 from distilkit.evaluate.profile import count_parameters
-from distilkit.machine import environment, peak_rss_mb
+from distilkit.machine import cache_root, environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
-from distilkit.models.hub import cache_root
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space

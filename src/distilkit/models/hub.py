@@ -19,18 +19,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-CACHE_ENV = "DISTILKIT_CACHE"
-
+from distilkit.machine import cache_root
 
 class ModelNotFound(ValueError):
     pass
-
-
-def cache_root(configured: str | None = None) -> Path:
-    root = configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "distilkit"
-    path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _minilm() -> Path:
