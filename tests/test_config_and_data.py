@@ -54,10 +54,14 @@ def test_the_bf16_speedup_is_measured_once_per_machine_and_kept(monkeypatch, tmp
         "|".join([machine._cpu_name(), torch.backends.cpu.get_cpu_capability(),
                   f"amx={torch.cpu._is_amx_tile_supported()}", torch.__version__]): 0.5}
     assert machine.environment()["bf16_matmul_speedup"] == 0.5  # each run's record says so
+    # no cache folder can be made (the setting names a file): measured, and the run goes on
+    monkeypatch.setenv("DISTILKIT_CACHE", str(tmp_path / "cache" / "bf16-matmul-speedup.json"))
+    machine.cpu_bf16_matmul_speedup.cache_clear()
+    assert machine.cpu_bf16_matmul_speedup() == 0.5 and len(calls) == 4
     # emulated bf16 (an AVX2 CPU) is not measured: it is never faster
     monkeypatch.setattr(machine, "cpu_has_native_bf16", lambda: False)
     machine.cpu_bf16_matmul_speedup.cache_clear()
-    assert machine.cpu_bf16_matmul_speedup() is None and len(calls) == 2
+    assert machine.cpu_bf16_matmul_speedup() is None and len(calls) == 4
     machine.cpu_bf16_matmul_speedup.cache_clear()
 
 
