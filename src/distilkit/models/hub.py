@@ -21,6 +21,7 @@ from pathlib import Path
 
 from distilkit.machine import cache_root
 
+
 class ModelNotFound(ValueError):
     pass
 
