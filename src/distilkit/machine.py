@@ -14,6 +14,7 @@ from pathlib import Path
 import accelerate
 import torch
 import transformers
+from filelock import FileLock
 
 
 CACHE_ENV = "DISTILKIT_CACHE"
@@ -46,24 +47,32 @@ def cpu_bf16_matmul_speedup() -> float | None:
                     torch.__version__])
     try:
         path = cache_root() / "bf16-matmul-speedup.json"
-    except OSError:  # no cache folder can be made: measured by every process
-        path = None
+        lock = FileLock(f"{path}.lock")
+        lock.acquire()  # processes of one run (torchrun on CPU) must agree: the first measures, the others read
+    except OSError:  # no cache folder that can be written: measured by every process
+        return _measured_speedup()
     try:
-        known = json.loads(path.read_text())
-    except (AttributeError, OSError, ValueError):  # none yet, or unreadable: measured and written anew
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
-    if key not in known:
-        known[key] = round(_matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16), 3)
-        if path is not None:
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):  # none yet, or unreadable: measured and written anew
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if key not in known:
+            known[key] = _measured_speedup()
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             try:
-                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(known, indent=1))
                 os.replace(tmp, path)
-            except OSError:  # a read-only cache folder
-                pass
-    return known[key]
+            except OSError:  # a full disk, say: the next process measures again
+                tmp.unlink(missing_ok=True)
+        return known[key]
+    finally:
+        lock.release()
+
+
+def _measured_speedup() -> float:
+    return round(_matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16), 3)
 
 
 def _matmul_seconds(dtype: torch.dtype) -> float:
