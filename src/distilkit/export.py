@@ -188,7 +188,7 @@ def _quantize_checked(onnx_path: Path, out_path: Path, name: str, model_dir: Pat
     kept_fp32: list[str] = []
     for group in sorted(sensitivity, key=sensitivity.get, reverse=True):
         kept_fp32.append(group)
-        excluded = [n for group in kept_fp32 for n in groups[group]]
+        excluded = [n for kept in kept_fp32 for n in groups[kept]]
         agreement = _quantize_and_compare(onnx_path, out_path, excluded, feeds, fp32)
         if agreement >= min_agreement:
             break

@@ -53,10 +53,8 @@ def cpu_bf16_matmul_speedup() -> float | None:
         return _measured_speedup()
     try:
         try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):  # none yet, or unreadable: measured and written anew
-            known = {}
-        if not isinstance(known, dict):
+            known = dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):  # none yet, or unreadable: measured and written anew
             known = {}
         if key not in known:
             known[key] = _measured_speedup()
