@@ -8,7 +8,8 @@ training the other samples of the *global* batch, gathered from every process.
 Prediction layer: L_soft = KL(softmax(yᵀ/τ) ‖ softmax(yˢ/τ)) (eq. 4, τ = 1.1) and L_hard the
 cross-entropy with the gold label (eq. 5); both MSE for regression tasks.
 Total (eq. 6): L_total = α Σᵢ L_Tⁱ + β L_soft + γ L_hard, in two stages: the first 80% of the steps
-α:β:γ = 1:0:0, the rest 1:1:3.
+α:β:γ = 1:0:0, the rest 1:1:3 (the paper's split: the default on classes; a fifth on a score, all on a
+corpus, below).
 Gradient perturbation (eqs. 7-8): g = ∇_emb L_total at the student's embedding output,
 emb' = emb + ε·g/‖g‖₂, a second forward from emb', and the update comes from L'_total.
 

@@ -8,8 +8,9 @@ Special tokens ([CLS], [SEP]) and padding stay one-hot, a choice eq. 4 leaves op
 predict them, the head and pair structure are read from them, and at inference they are always exact.
 
 Student learning: the student reads t̃ as soft word ids — its input embedding is t̃·E_student —
-and learns the task labels. At inference it reads ordinary ids. The student starts from the
-teacher's embeddings and first n layers (student.layer_selection: first, the paper's setting).
+and learns the task labels. At inference it reads ordinary ids. The paper's students start from the
+teacher's embeddings and first n layers: student.layer_selection: first (the preset text-smoothing-sst2 sets it;
+the default, uniform, spreads them).
 
 λ by default follows what the head predicts: 0.5, the paper's, on classes; 0.8 on a score or an answer span. On
 STS-B (S3-384 from the fine-tuned teacher's layers, 5 epochs, 3 seeds paired with labels only,
@@ -17,7 +18,8 @@ benchmarks/results/protocol-dev) λ 0.5 lost 2.2 ± 0.3 Pearson points and λ 0.
 on the exact words, and with a fitted MLM head a token keeps only ~69 % of its weight on the input word at λ 0.5
 (~88 % at 0.8). On classes the two tied there (MRPC F1 +0.4 ± 0.4 and +0.3 ± 0.9, SST-2 8k −0.5 ± 0.8 and −0.3 ±
 0.2), and in the paper's setting (a student from the base model's first layers, SST-2 4k, 4 epochs;
-benchmarks/results/text-smoothing-init) λ 0.5 gained +1.8 ± 0.1 points over labels only against +0.6 ± 0.6 at 0.8.
+benchmarks/results/text-smoothing-init) λ 0.5 gained +1.8 ± 0.1 points over labels only against +0.6 ± 0.6 at 0.8 (those students had random
+embeddings, a bug fixed 2026-11-27: to be rerun).
 On SQuAD v1.1 (the same kind of student, benchmarks/results/squad) λ 0.5 lost 4.2 ± 0.3 EM to labels only and λ 0.8
 0.7 ± 0.2 (3 seeds): an answer span is exact words too.
 
