@@ -15,7 +15,8 @@ from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_confi
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 from distilkit.data.readers import DataError, Example
-from distilkit.run import run_experiment
+from distilkit.data.tasks import named_task
+from distilkit.run import augment_for, run_experiment
 from test_training import kd_config
 
 EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
@@ -245,6 +246,23 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
         timeout=600)
     assert refused.returncode != 0 and "have one text each: use scheme tinybert or tang" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "single" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("method, takes_the_pairs", [("kd", True), ("tinybert", True), ("pkd", False),
+                                                     ("refbert", False), ("codir", False), ("lrc", False)])
+def test_the_pairs_rule_takes_the_methods_measured_to_gain_from_the_pairs(method, takes_the_pairs):
+    """kd and TinyBERT gained from the pairs on STS-B and MRPC (protocol-dev 1j/1k, 5r); RefBERT inherits TinyBERT's
+    parameters but was not measured on them. Only a small pair task with a teacher and no unlabelled file."""
+    config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method}})
+    chosen = augment_for(config, named_task("mrpc"), 3_668)
+    assert (chosen is not None) == takes_the_pairs
+    if takes_the_pairs:
+        assert chosen.scheme == "pairs" and chosen.copies == 4
+    assert augment_for(config, named_task("mrpc"), 64_000) is None  # not a small set
+    assert augment_for(config, named_task("sst2"), 3_668) is None  # one text per example: no pairs to make
+    opted_out = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method},
+                              "data": {"augment": None}})
+    assert augment_for(opted_out, named_task("mrpc"), 3_668) is None
 
 
 def test_a_new_pair_equal_to_a_dev_pair_is_left_out(tmp_path, capsys):

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -114,6 +114,8 @@ class RefBERT(TinyBERT):
     name = "refbert"
 
     class Params(TinyBERT.Params):
+        # not measured on the pairs (TinyBERT was): its references are retrieved from the training set they change
+        pairs_by_default: ClassVar[bool] = False
         name: Literal["refbert"] = "refbert"
         reference_corpus: str = "train"  # "train", or a .txt file / glob / folder with one reference per line
         max_references: int | None = Field(None, ge=1)  # first n lines of a text corpus
