@@ -58,15 +58,27 @@ def cpu_bf16_matmul_speedup() -> float | None:
             known = {}
         if key not in known:
             known[key] = _measured_speedup()
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             try:
-                tmp.write_text(json.dumps(known, indent=1))
-                os.replace(tmp, path)
+                atomic_write_text(path, json.dumps(known, indent=1))
             except OSError:  # a full disk, say: the next process measures again
-                tmp.unlink(missing_ok=True)
+                pass
         return known[key]
     finally:
         lock.release()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Written whole or not at all: a reader (another bench process) or a kill never leaves half a file; a failed
+    write removes its temporary file."""
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _measured_speedup() -> float:

@@ -48,7 +48,7 @@ from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _descr
                               same_config, same_run)
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError
-from distilkit.train.checkpoint import atomic_write_text
+from distilkit.machine import atomic_write_text
 
 PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
 

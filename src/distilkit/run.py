@@ -39,7 +39,7 @@ from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
-from distilkit.train.checkpoint import atomic_write_text
+from distilkit.machine import atomic_write_text
 from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, total_steps
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary

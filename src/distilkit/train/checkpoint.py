@@ -24,18 +24,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from distilkit.machine import atomic_write_text
+
 
 class CheckpointError(ValueError):
     """No usable checkpoint to resume from, naming the damaged file."""
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Written whole or not at all: a reader (another bench process) or a kill never leaves half a file."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
