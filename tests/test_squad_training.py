@@ -104,9 +104,14 @@ def test_a_classification_teacher_is_refused_for_squad(tmp_path, squad_files, ti
             "output": {"dir": str(tmp_path / "run")}}))
 
 
-def test_doc_stride_must_leave_room_in_a_window():
+def test_squad_reads_windows_of_384_unless_told_and_refuses_a_stride_that_leaves_no_room():
+    teacher = {"model": "minilm-l6"}
+    assert build_config({"task": {"name": "squad"}, "teacher": teacher}).data.max_length == 384  # run_qa's 384 / 128
+    assert build_config({"task": {"name": "sst2"}, "teacher": teacher}).data.max_length == 128
+    given = build_config({"task": {"name": "squad_v2"}, "teacher": teacher, "data": {"max_length": 200}})
+    assert given.data.max_length == 200
     with pytest.raises(ValueError, match="task.doc_stride=128 must be below data.max_length=128"):
-        build_config({"task": {"name": "squad"}})
+        build_config({"task": {"name": "squad"}, "teacher": teacher, "data": {"max_length": 128}})
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -186,7 +186,9 @@ PAIRS_RULE_COPIES = 4
 class DataConfig(StrictModel):
     source: Literal["local", "hub"] = "local"
     dir: str | None = None  # folder holding glue/<TASK>/; default: $DISTILKIT_DATA
-    max_length: int = Field(128, ge=8, le=4096)
+    # tokens an input is cut to. Unset: 384 on a task answered by spans (SQuAD's contexts are read in windows of 384
+    # sharing task.doc_stride 128, run_qa's defaults), 128 elsewhere (GLUE's sentences and pairs fit)
+    max_length: int | None = Field(None, ge=8, le=4096)
     max_train_examples: int | None = Field(None, ge=1)  # a seeded random subset, identical for all runs
     # this many seeded training examples are held out and scored as the dev split, for a task whose dev set is
     # missing (QQP here has a train subset only); never trained on, whatever max_train_examples takes
@@ -462,12 +464,15 @@ class ExperimentConfig(StrictModel):
                              "distillation method")
         if augment is not None and augment.scheme != "pairs" and not (augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
-        if self.task.name not in ("custom", "unlabeled") and _task_lookup is not None:
-            spans = getattr(_task_lookup(self.task.name), "answer_spans", False)
-            if spans and self.task.doc_stride >= self.data.max_length:
+        spans = (self.task.name not in ("custom", "unlabeled") and _task_lookup is not None
+                 and getattr(_task_lookup(self.task.name), "answer_spans", False))
+        if self.data.max_length is None:
+            self.data.max_length = 384 if spans else 128
+        if spans:
+            if self.task.doc_stride >= self.data.max_length:
                 raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
                                  f"{self.data.max_length} (SQuAD is usually read with 384 and 128)")
-            if spans and (augment is not None or self.data.unlabeled_file):
+            if augment is not None or self.data.unlabeled_file:
                 raise ValueError("data.augment and data.unlabeled_file add sentences or pairs; they do not apply to "
                                  "SQuAD")
         if self.method.student_kind not in (None, self.student.kind):
