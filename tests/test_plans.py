@@ -106,14 +106,20 @@ def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model
     assert "teacher_best_dev" not in records["teacher"]
 
     # the teacher's committed record came from another machine (the same config): running a student keeps
-    # it, running the teacher by name replaces it
+    # it; running the teacher by name is refused before any work, as is the whole plan, since runs of two kinds
+    # of CPU do not pair; another results folder takes this machine's records
     teacher_record = tmp_path / "results" / "records" / "teacher.json"
     other_machine = {**records["teacher"], "best_dev": {"accuracy": 0.123}, "environment": {"cpu": "another CPU"}}
     teacher_record.write_text(json.dumps(other_machine, indent=2))
     Plans(load_plan(write(tmp_path, plan))).run(["kd"])
     assert json.loads(teacher_record.read_text()) == other_machine
-    Plans(load_plan(write(tmp_path, plan))).run(["teacher"])
-    assert json.loads(teacher_record.read_text()) == records["teacher"]
+    for only in (["teacher"], None):
+        with pytest.raises(ConfigError, match=r"cell teacher: its record in .* came from another kind of machine "
+                                              r"\(another CPU; this one: .*\).*set results=<another folder>"):
+            Plans(load_plan(write(tmp_path, plan))).run(only)
+    assert json.loads(teacher_record.read_text()) == other_machine
+    moved = Plans(load_plan(write(tmp_path, plan), [f"results={tmp_path / 'here'}"])).run(["teacher"])
+    assert moved["teacher"]["best_dev"] == records["teacher"]["best_dev"]
 
 
 def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,

@@ -409,9 +409,11 @@ class Plans:
         if unknown:
             raise ConfigError(f"no such cell(s) {sorted(unknown)}; cells are {sorted(cells)}")
         records_dir = Path(self.plan.results) / "records" if self.plan.results else None
+        asked = [name for name in only if name in cells] if only else list(cells)  # the order asked for
         if records_dir:
+            self.refuse_other_machines_records(asked, records_dir)
             records_dir.mkdir(parents=True, exist_ok=True)
-        for name in [name for name in only if name in cells] if only else cells:  # the order asked for
+        for name in asked:
             cell = cells[name]
             if self.timed(cell):
                 self.speed_record(cell, records_dir / f"{name}.json")
@@ -429,6 +431,25 @@ class Plans:
             if records_dir:
                 atomic_write_text(records_dir / f"{step.name.replace('/', '-')}.json", json.dumps(output, indent=2))
         return self.render()
+
+    def refuse_other_machines_records(self, names: list[str], records_dir: Path) -> None:
+        """Runs on two kinds of CPU do not pair (their teachers come out different), so a record another kind of
+        machine wrote is not replaced by a run on this one: each kind keeps its own results folder."""
+        from distilkit.evaluate.report import cpu
+        from distilkit.machine import environment
+
+        here = cpu({"environment": environment()})
+        other = {}
+        for name in names:
+            path = records_dir / f"{name}.json"
+            if path.is_file() and (there := cpu(json.loads(path.read_text()))) != here:
+                other[name] = there
+        if other:
+            first, kind = next(iter(other.items()))
+            more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
+            raise ConfigError(f"cell {first}{more}: its record in {records_dir} came from another kind of machine "
+                              f"({kind or 'not recorded'}; this one: {here}), and a run here would replace it: "
+                              f"set results=<another folder> (--set results=...) to keep both, or delete the record")
 
     def render(self) -> dict[str, dict]:
         if not self.plan.results:
