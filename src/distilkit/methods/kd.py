@@ -39,9 +39,8 @@ default costs what kd on the given pairs does. At those steps (1k, 3 seeds) STS-
 of the ~5x set, the rule's length the day before (5p: 4,460 and 2,865 steps, 2x and 1.4x the time), gave STS-B
 0.8568 ± 0.0005 (101.0 %) and MRPC F1 0.8544 ± 0.0008 (99.8 %, below 1j's 1,719 steps by 0.6 ± 0.5). A new pair is
 a new input the teacher knows and the student has not seen; a one-text task has no pairs to make (its unlabelled
-text: data.unlabeled_file). TinyBERT takes them by default too (its docstring: +1.9 Pearson on STS-B, +1.2
-F1 on MRPC over itself on the given pairs at the same steps); PKD gained on both (MRPC F1 +2.0 at equal steps, 3 seeds;
-STS-B 100.3 % of the teacher) but its STS-B arm on the given pairs at the same steps is not run yet (protocol-dev 5r).
+text: data.unlabeled_file). TinyBERT and PKD take them by default too (their docstrings: over themselves on the
+given pairs at the same steps, TinyBERT +1.9 Pearson on STS-B and +1.2 F1 on MRPC, PKD +2.8 ± 0.3 and +2.0).
 
 Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
 softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
