@@ -91,6 +91,17 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     Plans(load_plan(write(tmp_path, plan))).run()
     assert launched == ["general", "task-kd", "task-finetune"]
 
+    # the config left data.augment to its rule, which chose otherwise then than it does today (TinyBERT's and PKD's
+    # defaults changed so): the saved words are equal, the run is not
+    launched.clear()
+    metrics_file = tmp_path / "plan" / "task-kd" / "metrics.json"
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["augment_by_rule"] is None  # SST-2 has one text per example: no pairs to make
+    metrics_file.write_text(json.dumps({**metrics, "augment_by_rule": {"scheme": "pairs", "copies": 4},
+                                        "gold_labelled_examples": metrics["train_examples_in_set"]}))
+    Plans(load_plan(write(tmp_path, plan))).run()
+    assert launched == ["task-kd"]
+
 
 def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):
     common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},

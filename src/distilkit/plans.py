@@ -47,7 +47,7 @@ from pydantic import Field, ValidationError
 from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
                               same_config, same_run)
 from distilkit.evaluate.profile import FORMATS
-from distilkit.run import RunError
+from distilkit.run import RunError, augment_for
 from distilkit.machine import atomic_write_text
 
 PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
@@ -310,12 +310,15 @@ class Plans:
     # running ------------------------------------------------------------------------------------
 
     def finished(self, cell: Cell) -> bool:
-        """Metrics exist, the saved config is this one, and nothing it starts from finished later."""
+        """Metrics exist, the saved config is this one (and a rule it left to chooses as it did), and nothing it
+        starts from finished later."""
         metrics = cell.dir / "metrics.json"
         if not metrics.is_file():
             return False
         saved = cell.dir / "config.yaml"
         if not saved.is_file() or not same_config(saved.read_text(), dump_config(cell.config)):
+            return False
+        if not pairs_rule_chooses_as_then(cell.config, json.loads(metrics.read_text())):
             return False
         done_at = metrics.stat().st_mtime
         if any(weights_mtime(model) > done_at for model in local_models(cell.config)):
@@ -628,6 +631,18 @@ class Plans:
                 fmt, student, teacher, dev, spec, student_dev, sentences=s.sentences, warmup=s.warmup,
                 throughput_sentences=s.throughput_sentences, batch_size=s.batch_size)
             atomic_write_text(path, json.dumps(record, indent=2))
+
+
+def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
+    """A run that left data.augment to its rule saved the rule's words, not its choice; which methods take the pairs
+    has changed since (TinyBERT's and PKD's defaults, 2026-11-29), so the choice recorded is compared with today's."""
+    if "augment_by_rule" not in metrics:
+        return True
+    from distilkit.data.tasks import task_spec
+
+    chosen = metrics["augment_by_rule"]
+    given = metrics["gold_labelled_examples"] if chosen else metrics["train_examples_in_set"]
+    return (augment_for(config, task_spec(config.task), given) is None) == (chosen is None)
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:
