@@ -125,12 +125,18 @@ def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model
     Plans(load_plan(write(tmp_path, plan))).run(["kd"])
     assert json.loads(teacher_record.read_text()) == other_machine
     for only in (["teacher"], None):
-        with pytest.raises(ConfigError, match=r"cell teacher: its record in .* came from another kind of machine "
-                                              r"\(another CPU; this one: .*\).*set results=<another folder>"):
+        with pytest.raises(ConfigError, match=r"cell teacher: its record in .* came from another kind of machine or "
+                                              r"library versions \(another CPU; this one: .*\).*set results=<another folder>"):
             Plans(load_plan(write(tmp_path, plan))).run(only)
     assert json.loads(teacher_record.read_text()) == other_machine
     moved = Plans(load_plan(write(tmp_path, plan), [f"results={tmp_path / 'here'}"])).run(["teacher"])
     assert moved["teacher"]["best_dev"] == records["teacher"]["best_dev"]
+    # the record is this work folder's own finished run (as one written before the fields that tell kinds apart):
+    # nothing to refuse, and the record follows the run
+    (tmp_path / "plan" / "teacher" / "env.json").write_text(json.dumps(other_machine["environment"]))
+    again = Plans(load_plan(write(tmp_path, plan))).run(["teacher"])
+    assert again["teacher"]["best_dev"] == records["teacher"]["best_dev"]
+    assert again["teacher"]["environment"] == {"cpu": "another CPU"}
 
 
 def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,

@@ -130,7 +130,8 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
             raise ValueError(f"{model} does not record its task: pass --task")
         fields = apply_overrides(recorded, list(task_set or []))
         spec, settings = task_spec(task_config(fields)), DataConfig(dir=data)
-        length = max_length or meta.get("max_length", 128)  # as trained, so the scores match metrics.json
+        # as trained, so the scores match metrics.json; else the training default (SQuAD's windows are 384)
+        length = max_length or meta.get("max_length", 384 if spec.answer_spans else 128)
         tokenizer = load_tokenizer(path)
         student = in_task_order(load_student(path), path, spec)
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)

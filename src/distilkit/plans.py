@@ -436,8 +436,9 @@ class Plans:
         return self.render()
 
     def refuse_other_machines_records(self, names: list[str], records_dir: Path) -> None:
-        """Runs on two kinds of CPU do not pair (their teachers come out different), so a record another kind of
-        machine wrote is not replaced by a run on this one: each kind keeps its own results folder."""
+        """Runs on two kinds of CPU (or library versions) do not pair (their teachers come out different), so a
+        record another kind wrote is not replaced by a run on this one: each kind keeps its own results folder. A
+        record older than the fields that tell the kinds apart counts as another kind: it cannot be told apart."""
         from distilkit.evaluate.report import cpu
         from distilkit.machine import environment
 
@@ -445,14 +446,29 @@ class Plans:
         other = {}
         for name in names:
             path = records_dir / f"{name}.json"
-            if path.is_file() and (there := cpu(json.loads(path.read_text()))) != here:
-                other[name] = there
+            if not path.is_file():
+                continue
+            record, cell = json.loads(path.read_text()), self.cell(name)
+            if self.kept_as_it_is(cell, record) or (there := cpu(record)) == here:
+                continue
+            other[name] = there
         if other:
             first, kind = next(iter(other.items()))
             more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
-            raise ConfigError(f"cell {first}{more}: its record in {records_dir} came from another kind of machine "
-                              f"({kind or 'not recorded'}; this one: {here}), and a run here would replace it: "
-                              f"set results=<another folder> (--set results=...) to keep both, or delete the record")
+            raise ConfigError(f"cell {first}{more}: its record in {records_dir} came from another kind of machine or "
+                              f"library versions ({kind or 'not recorded'}; this one: {here}), and a run here would "
+                              "replace it: set results=<another folder> (--set results=...) to keep both, or delete "
+                              "the record")
+
+    def kept_as_it_is(self, cell: Cell, record: dict) -> bool:
+        """The record is this folder's finished run (rewriting it changes no number), or a complete speed record
+        of this config (skipped)."""
+        env = cell.dir / "env.json"
+        if env.is_file() and record.get("environment") == json.loads(env.read_text()) and self.finished(cell):
+            return True
+        return (self.timed(cell) and same_run(record["config"], cell.config)
+                and all(fmt in record.get("speed", {}).get("formats", {}) for fmt in self.plan.speed.formats)
+                and (not (cell.dir / "metrics.json").is_file() or self.finished(cell)))
 
     def render(self) -> dict[str, dict]:
         if not self.plan.results:
@@ -641,8 +657,11 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
     from distilkit.data.tasks import task_spec
 
     chosen = metrics["augment_by_rule"]
-    given = metrics["gold_labelled_examples"] if chosen else metrics["train_examples_in_set"]
-    return (augment_for(config, task_spec(config.task), given) is None) == (chosen is None)
+    given = metrics.get("gold_labelled_examples", metrics["train_examples_in_set"]) if chosen else \
+        metrics["train_examples_in_set"]
+    today = augment_for(config, task_spec(config.task), given)
+    return (None if today is None else (today.scheme, today.copies)) == \
+        (None if chosen is None else (chosen["scheme"], chosen["copies"]))
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:
