@@ -14,7 +14,7 @@ from transformers import BertTokenizerFast
 
 from conftest import write_squad
 from distilkit import losses
-from distilkit.config import build_config
+from distilkit.config import DataConfig, build_config
 from distilkit.data.qa_windows import QADataset
 from distilkit.data.squad import read_squad
 from distilkit.models.features import PADDING_SCORE, FeatureRequest
@@ -110,6 +110,9 @@ def test_squad_reads_windows_of_384_unless_told_and_refuses_a_stride_that_leaves
     assert build_config({"task": {"name": "sst2"}, "teacher": teacher}).data.max_length == 128
     given = build_config({"task": {"name": "squad_v2"}, "teacher": teacher, "data": {"max_length": 200}})
     assert given.data.max_length == 200
+    shared = DataConfig()  # one settings object for two configs: each resolves its own length
+    assert build_config({"task": {"name": "squad"}, "teacher": teacher, "data": shared}).data.max_length == 384
+    assert build_config({"task": {"name": "sst2"}, "teacher": teacher, "data": shared}).data.max_length == 128
     with pytest.raises(ValueError, match="task.doc_stride=128 must be below data.max_length=128"):
         build_config({"task": {"name": "squad"}, "teacher": teacher, "data": {"max_length": 128}})
 

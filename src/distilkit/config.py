@@ -466,8 +466,8 @@ class ExperimentConfig(StrictModel):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
         spans = (self.task.name not in ("custom", "unlabeled") and _task_lookup is not None
                  and getattr(_task_lookup(self.task.name), "answer_spans", False))
-        if self.data.max_length is None:
-            self.data.max_length = 384 if spans else 128
+        if self.data.max_length is None:  # on a copy: a DataConfig the caller passed in may serve another config
+            object.__setattr__(self, "data", self.data.model_copy(update={"max_length": 384 if spans else 128}))
         if spans:
             if self.task.doc_stride >= self.data.max_length:
                 raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="
