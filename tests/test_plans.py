@@ -129,8 +129,10 @@ def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model
                                               r"library versions \(another CPU; this one: .*\).*set results=<another folder>"):
             Plans(load_plan(write(tmp_path, plan))).run(only)
     assert json.loads(teacher_record.read_text()) == other_machine
-    moved = Plans(load_plan(write(tmp_path, plan), [f"results={tmp_path / 'here'}"])).run(["teacher"])
+    here = Plans(load_plan(write(tmp_path, plan), [f"results={tmp_path / 'here'}"]))
+    moved = here.run(["teacher"])
     assert moved["teacher"]["best_dev"] == records["teacher"]["best_dev"]
+    assert here.command().endswith(f"distilkit bench t --set results={tmp_path / 'here'}")  # the report's command
     # the record is this work folder's own finished run (as one written before the fields that tell kinds apart):
     # nothing to refuse, and the record follows the run
     (tmp_path / "plan" / "teacher" / "env.json").write_text(json.dumps(other_machine["environment"]))

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import yaml
 from filelock import FileLock, Timeout
-from pydantic import Field, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError
 
 from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
                               same_config, same_run)
@@ -102,6 +102,7 @@ class Plan(StrictModel):
     steps: list[Step] = Field(default_factory=list)
     speed: SpeedSettings | None = None  # measure students beside their teachers in deployment formats
     report: ReportSettings | None = None
+    _overrides: list[str] = PrivateAttr(default_factory=list)  # the --set items it was loaded with (the report's command)
 
 
 def exit_reason(code: int) -> str:
@@ -156,9 +157,11 @@ def load_plan(name_or_path: str | Path, overrides: list[str] | None = None) -> P
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     try:
-        return Plan.model_validate(apply_overrides(data, overrides or []))
+        plan = Plan.model_validate(apply_overrides(data, overrides or []))
     except ValidationError as err:
         raise ConfigError(f"invalid plan {path}: " + _describe(err)) from None
+    plan._overrides = list(overrides or [])
+    return plan
 
 
 # cells ------------------------------------------------------------------------------------------
@@ -482,7 +485,8 @@ class Plans:
         return records
 
     def command(self) -> str:
-        return f"DISTILKIT_DATA=../shared/data distilkit bench {self.plan.name}"
+        sets = "".join(f" --set {shlex.quote(item)}" for item in self.plan._overrides)
+        return f"DISTILKIT_DATA=../shared/data distilkit bench {self.plan.name}{sets}"
 
     # records ------------------------------------------------------------------------------------
 
