@@ -445,16 +445,17 @@ class Plans:
         from distilkit.evaluate.report import cpu
         from distilkit.machine import environment
 
-        here = cpu({"environment": environment()})
-        other = {}
+        here, other = None, {}
         for name in names:
             path = records_dir / f"{name}.json"
             if not path.is_file():
                 continue
             record, cell = json.loads(path.read_text()), self.cell(name)
-            if self.kept_as_it_is(cell, record) or (there := cpu(record)) == here:
+            if self.kept_as_it_is(cell, record):
                 continue
-            other[name] = there
+            here = here or cpu({"environment": environment()})  # measured once, and only if a record exists
+            if (there := cpu(record)) != here:
+                other[name] = there
         if other:
             first, kind = next(iter(other.items()))
             more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
@@ -469,9 +470,19 @@ class Plans:
         env = cell.dir / "env.json"
         if env.is_file() and record.get("environment") == json.loads(env.read_text()) and self.finished(cell):
             return True
-        return (self.timed(cell) and same_run(record["config"], cell.config)
-                and all(fmt in record.get("speed", {}).get("formats", {}) for fmt in self.plan.speed.formats)
-                and (not (cell.dir / "metrics.json").is_file() or self.finished(cell)))
+        return self.timed(cell) and (current := self.current_speed_record(cell, record)) is not None \
+            and self.measured_in_every_format(current)
+
+    def current_speed_record(self, cell: Cell, record: dict | None) -> dict | None:
+        """The speed record, unless the cell changed or its run is stale: then it is redone from the new run."""
+        if record is None or not same_run(record["config"], cell.config):
+            return None  # the cell changed
+        if (cell.dir / "metrics.json").is_file() and not self.finished(cell):
+            return None  # its run is stale (its teacher finished later): retrained
+        return record
+
+    def measured_in_every_format(self, record: dict) -> bool:
+        return all(fmt in record["speed"]["formats"] for fmt in self.plan.speed.formats)
 
     def render(self) -> dict[str, dict]:
         if not self.plan.results:
@@ -531,12 +542,8 @@ class Plans:
         """Deployment records: trained, then scored and timed beside the teacher in each missing format."""
         for name in cell.upstream:  # first: a teacher whose config changed is retrained, which makes this cell stale
             self.train(self.cell(name))
-        record = json.loads(path.read_text()) if path.is_file() else None
-        if record is not None and not same_run(record["config"], cell.config):
-            record = None  # the cell changed: its record is redone from the new run
-        if record is not None and (cell.dir / "metrics.json").is_file() and not self.finished(cell):
-            record = None  # its run is stale (its teacher finished later): retrained, its record redone
-        if record is not None and all(fmt in record["speed"]["formats"] for fmt in self.plan.speed.formats):
+        record = self.current_speed_record(cell, json.loads(path.read_text()) if path.is_file() else None)
+        if record is not None and self.measured_in_every_format(record):
             print(f"[plan] {cell.name}: finished, skipped", file=sys.stderr)
             return
         teacher = self.teacher_record(cell)
@@ -661,11 +668,9 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
     from distilkit.data.tasks import task_spec
 
     chosen = metrics["augment_by_rule"]
-    given = metrics.get("gold_labelled_examples", metrics["train_examples_in_set"]) if chosen else \
-        metrics["train_examples_in_set"]
+    given = metrics.get("gold_labelled_examples", metrics["train_examples_in_set"])  # the originals, as the rule saw
     today = augment_for(config, task_spec(config.task), given)
-    return (None if today is None else (today.scheme, today.copies)) == \
-        (None if chosen is None else (chosen["scheme"], chosen["copies"]))
+    return (today and (today.scheme, today.copies)) == (chosen and (chosen["scheme"], chosen["copies"]))
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:
