@@ -205,23 +205,26 @@ def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_
 
 def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_default(tmp_path, glue_dir, tiny_teacher):
     """data.augment unset (config.PAIRS_RULE), as a user runs kd: the task, a teacher, kd. The saved config names the
-    rule; the metrics say what it chose; the run makes the given pairs' steps; null opts out; a method without
-    pairs_by_default is left alone."""
+    rule; the metrics say what it chose; the run makes the given pairs' steps and is scored after each pass's worth
+    of them, as without the pairs; null opts out; a method without pairs_by_default is left alone."""
     def distill(out, *extra):
         return subprocess.run(
             [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
              "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
-             "--set", "student.layers=2", "--set", "train.epochs=1", "--set", "train.batch_size=16",
+             "--set", "student.layers=2", "--set", "train.epochs=2", "--set", "train.batch_size=16",
              "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}", *extra],
             capture_output=True, text=True, env=dict(os.environ), timeout=600)
 
     result = distill(tmp_path / "student")
     assert result.returncode == 0, result.stderr
     assert "data.augment unset: kd learns from this small sentence-pair task's sentences paired anew" in result.stderr
-    assert "in the 4 steps the given pairs take" in result.stderr  # 64 pairs, batches of 16, 1 epoch
+    assert "in the 8 steps the given pairs take" in result.stderr  # 64 pairs, batches of 16, 2 epochs
     metrics = json.loads(result.stdout)
     assert 64 * 3 < metrics["train_examples_in_set"] <= 64 * 5 and metrics["teacher_forward_passes"] > 0
-    assert metrics["steps"] == 4 and metrics["epochs"] < 1  # a part of one pass over the ~5x set
+    assert metrics["steps"] == 8 and metrics["epochs"] < 1  # a part of one pass over the ~5x set
+    assert metrics["eval_every_steps"] == 4  # scored after 4 steps, as the given pairs' epoch ends, not only at 8
+    log = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in log if "eval" in entry] == [4, 8]
     assert metrics["augment_by_rule"]["scheme"] == "pairs" and metrics["augment_by_rule"]["copies"] == 4
     assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False
     assert metrics["gold_labelled_examples"] == 64
@@ -232,7 +235,8 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     given = distill(tmp_path / "given", "--set", "data.augment=null")
     assert given.returncode == 0, given.stderr
     metrics = json.loads(given.stdout)
-    assert metrics["train_examples_in_set"] == 64 and metrics["gold_labels"] is True and metrics["steps"] == 4
+    assert metrics["train_examples_in_set"] == 64 and metrics["gold_labels"] is True and metrics["steps"] == 8
+    assert metrics["eval_every_steps"] is None  # each epoch's end
     assert "augment_by_rule" not in metrics and "paired anew" not in given.stderr
     other = distill(tmp_path / "codir", "--set", "method.name=codir")  # a method not measured on the pairs
     assert other.returncode == 0, other.stderr

@@ -102,6 +102,18 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     Plans(load_plan(write(tmp_path, plan))).run()
     assert launched == ["task-kd"]
 
+    # a transfer set's run from before eval.every_steps' rule (scored at the set's epoch ends only): not today's
+    launched.clear()
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["eval_every_steps"] is None and "gold_labelled_examples" not in metrics
+    del metrics["eval_every_steps"]
+    metrics_file.write_text(json.dumps(metrics))
+    Plans(load_plan(write(tmp_path, plan))).run()
+    assert launched == []  # the given examples alone: scored at their epochs' ends then as now
+    metrics_file.write_text(json.dumps({**metrics, "gold_labels": False, "gold_labelled_examples": 16}))
+    Plans(load_plan(write(tmp_path, plan))).run()
+    assert launched == ["task-kd"]
+
 
 def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):
     common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},

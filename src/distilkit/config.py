@@ -366,7 +366,7 @@ class TrainConfig(StrictModel):
     # (benchmarks/results/compile). Worth trying on a GPU, where inductor fuses more
     compile: bool = False
     seed: int = 42
-    checkpoint_every: int | None = Field(None, ge=1)  # steps; default: end of every epoch
+    checkpoint_every: int | None = Field(None, ge=1)  # steps; default: as eval.every_steps' default
     keep_checkpoints: int = Field(1, ge=1)  # while the run is unfinished; a finished run removes them
     log_every: int = Field(10, ge=1)
     # where loss terms and eval metrics go besides log.jsonl (Accelerate trackers; see train/tracking.py)
@@ -412,7 +412,9 @@ class TrainConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    every_steps: int | None = Field(None, ge=1)  # default: end of every epoch
+    # default: end of every epoch; on a transfer set (data.augment, data.unlabeled_file), every pass's worth of steps
+    # over the given examples (run.scored_every_given_pass)
+    every_steps: int | None = Field(None, ge=1)
     splits: list[str] | None = None  # default: the task's dev split(s)
     batch_size: int = Field(128, ge=1)
 

@@ -321,7 +321,8 @@ class Plans:
         saved = cell.dir / "config.yaml"
         if not saved.is_file() or not same_config(saved.read_text(), dump_config(cell.config)):
             return False
-        if not pairs_rule_chooses_as_then(cell.config, json.loads(metrics.read_text())):
+        done = json.loads(metrics.read_text())
+        if not (pairs_rule_chooses_as_then(cell.config, done) and scored_as_today(cell.config, done)):
             return False
         done_at = metrics.stat().st_mtime
         if any(weights_mtime(model) > done_at for model in local_models(cell.config)):
@@ -671,6 +672,13 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
     given = metrics.get("gold_labelled_examples", metrics["train_examples_in_set"])  # the originals, as the rule saw
     today = augment_for(config, task_spec(config.task), given)
     return (today and (today.scheme, today.copies)) == (chosen and (chosen["scheme"], chosen["copies"]))
+
+
+def scored_as_today(config: ExperimentConfig, metrics: dict) -> bool:
+    """A transfer set's run leaving eval.every_steps unset is scored every pass over its given examples since
+    2026-11-30 (run.scored_every_given_pass); one from before, at the set's epoch ends only, chose its best checkpoint
+    from fewer looks. A transfer set is what keeps gold labels on some examples only."""
+    return bool(config.eval.every_steps) or not metrics.get("gold_labelled_examples") or "eval_every_steps" in metrics
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:

@@ -40,7 +40,8 @@ from distilkit.models.student import NoTokenizerFiles, build_student, load_token
 from distilkit.models.teacher import Teacher
 from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
 from distilkit.machine import atomic_write_text
-from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, total_steps
+from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, \
+    steps_per_epoch, total_steps
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
 
@@ -96,6 +97,19 @@ def in_the_given_steps(config: ExperimentConfig, given_examples: int, accelerato
     processes = accelerator.num_processes if accelerator is not None else 1
     steps = total_steps(given_examples, config.train, smallest_batch(processes))
     return config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
+
+
+def scored_every_given_pass(config: ExperimentConfig, given_examples: int, accelerator=None) -> ExperimentConfig:
+    """A transfer set's epoch is several passes over the given examples (the pairs rule's 5, seven copies' 8): scored
+    and checkpointed at its ends only, a run had 2 looks at QQP's dev where labels only had 8, its best checkpoint
+    chosen from fewer. With eval.every_steps (train.checkpoint_every) unset, both come after each pass's worth of
+    steps over the given examples, as without the set."""
+    processes = accelerator.num_processes if accelerator is not None else 1
+    every = steps_per_epoch(given_examples, config.train.batch_size, config.train.grad_accumulation,
+                            smallest_batch(processes))
+    return config.model_copy(update={
+        "eval": config.eval.model_copy(update={"every_steps": config.eval.every_steps or every}),
+        "train": config.train.model_copy(update={"checkpoint_every": config.train.checkpoint_every or every})})
 
 
 def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[Example] = ()
@@ -219,7 +233,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     else:
         train_examples, held_out_dev = training_examples(config, task)
         scored = eval_examples(config, task, held_out_dev)
-        augment = augment_for(config, task, len(train_examples))
+        given = len(train_examples)
+        augment = augment_for(config, task, given)
         teacher_labels = augment is not None or config.data.unlabeled_file  # new examples without
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
@@ -227,7 +242,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
         scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
         if augment is not None and config.data.augment == PAIRS_RULE:
-            config = in_the_given_steps(config, len(train_examples), accelerator)
+            config = in_the_given_steps(config, given, accelerator)
             if accelerator is None or accelerator.is_main_process:
                 print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's "
                       f"sentences paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the "
@@ -240,6 +255,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                                                 scored_texts)
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored_texts)
+        if teacher_labels:
+            config = scored_every_given_pass(config, given, accelerator)
         if teacher_tokenizer is not None:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
@@ -405,6 +422,8 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
            {"gold_labelled_examples": getattr(run.train_data, "gold_labelled", 0)}),
         **({"augment_by_rule": run.augment.model_dump() if run.augment else None}  # what data.augment's rule chose
            if config.data.augment == PAIRS_RULE else {}),
+        # null: at each epoch's end; a transfer set's unset cadence is a pass over the given examples (plans read it)
+        "eval_every_steps": run.config.eval.every_steps,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its
