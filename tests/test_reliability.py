@@ -97,7 +97,7 @@ def test_damaged_teacher_cache_entry_is_recomputed_not_trusted(tmp_path, glue_di
 
 
 def test_the_disk_a_cache_fill_needs_is_known_before_it_starts(tmp_path, glue_dir, tiny_teacher):
-    """What check_disk_space compares with the free disk: the arrays' bytes, hidden states and attention included."""
+    """What disk_shortfall compares with the free disk: the arrays' bytes, hidden states and attention included."""
     config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out")
     config["method"] = {"name": "tinybert"}
     run = build_run(build_config(config))
@@ -108,6 +108,41 @@ def test_the_disk_a_cache_fill_needs_is_known_before_it_starts(tmp_path, glue_di
     stored = [np.load(path, mmap_mode="r") for path in run.teacher_cache.dir.glob("*.npy")]
     assert needed == sum(array.nbytes for array in stored) > 0
     assert run.teacher_cache.bytes_needed(request) == 0  # nothing left to fill
+
+
+def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(tmp_path, glue_dir, tiny_teacher,
+                                                                               monkeypatch):
+    """TinyBERT's features of a pair task's made pairs can outgrow a disk: the run goes on with the teacher at
+    every step, says so on stderr, writes no cache, and trains the student a cache would have (to its float16
+    rounding)."""
+    import yaml
+    from types import SimpleNamespace
+    from typer.testing import CliRunner
+
+    from distilkit.cli import app
+
+    def distill(name: str):
+        config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method={"name": "tinybert"})
+        config["teacher"]["cache_dir"] = str(tmp_path / f"cache-{name}")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        result = CliRunner().invoke(app, ["distill", str(path)])
+        assert result.exit_code == 0, (result.stderr, result.exception)
+        return result, load_file(tmp_path / name / "final" / "model.safetensors")
+
+    cached, cached_weights = distill("cached")
+    assert "the teacher runs at every step instead" not in cached.stderr
+    monkeypatch.setattr("distilkit.train.cache.shutil.disk_usage",
+                        lambda path: SimpleNamespace(total=10 ** 12, used=10 ** 12, free=1000))
+    live, live_weights = distill("live")
+    assert "has 1.0 kB free: the teacher runs at every step instead" in live.stderr
+    assert "teacher.cache_dir" in live.stderr
+    assert not list((tmp_path / "cache-live").rglob("*.npy"))  # no teacher output was written
+    assert json.loads((tmp_path / "live" / "metrics.json").read_text())["teacher_forward_passes"] >= 3  # a step's
+    assert cached_weights.keys() == live_weights.keys()
+    # the cache keeps hidden states and attention in float16 (train/cache.py), live ones are float32: 3 steps of
+    # lr 1e-3 move weights by ~3e-3, the rounding moved them by <1e-4 here
+    assert max((cached_weights[k] - live_weights[k]).abs().max().item() for k in cached_weights) < 3e-4
 
 
 def test_kill_9_while_the_teacher_cache_is_written_then_rerun_resumes_it_bit_identical(tmp_path, glue_dir,

@@ -231,7 +231,9 @@ class TeacherConfig(StrictModel):
     # The first one gives the tokenizer and, for student.init=teacher_layers, the student's layers.
     models: list[str] | None = None
     weights: list[float] | None = None
-    cache: bool = True  # keep teacher outputs on disk and reuse them
+    # keep teacher outputs on disk and reuse them (where the disk can hold them: else the teacher runs at every step,
+    # said on stderr)
+    cache: bool = True
     cache_dir: str | None = None  # default: $DISTILKIT_CACHE or ~/.cache/distilkit
     trust_remote_code: bool = False
 

@@ -38,7 +38,7 @@ from distilkit.machine import cache_root, environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
-from distilkit.train.cache import TeacherCache, TeacherSource, check_disk_space
+from distilkit.train.cache import TeacherCache, TeacherSource, disk_shortfall
 from distilkit.machine import atomic_write_text
 from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, \
     steps_per_epoch, total_steps
@@ -303,7 +303,12 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     fixed_inputs = isinstance(train_data, TokenizedDataset)
     if teachers and config.teacher.cache and fixed_inputs and not request.is_empty():
         caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, train_data.teacher_reads) for t in teachers]
-        check_disk_space(caches, request)
+        short = disk_shortfall(caches, request)
+        if short:  # live outputs are bit for bit the cached ones: the run costs a teacher pass a step, not a refusal
+            if accelerator is None or accelerator.is_main_process:
+                print(f"{short}: the teacher runs at every step instead (slower, no disk); point teacher.cache_dir "
+                      "($DISTILKIT_CACHE) at a larger disk to keep its outputs", file=sys.stderr)
+            caches = []
     source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
                     scratch, augment)

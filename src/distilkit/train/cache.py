@@ -44,7 +44,6 @@ from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, t
 from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
 from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
-from distilkit.train.outdir import RunError
 
 FILL_SUFFIX = ".fill.npy"  # an entry being filled; with FILL_PROGRESS, resumed where a killed fill stopped
 FILL_PROGRESS = "fill.json"  # the batches of the fill stored so far, written after the arrays are flushed
@@ -373,20 +372,20 @@ def _size(n_bytes: int) -> str:
     return f"{n_bytes} bytes"
 
 
-def check_disk_space(caches: list[TeacherCache], request: FeatureRequest, spare: int = 1 << 30) -> None:
-    """Refuses, before any teacher pass, a cache fill the disk cannot hold: hidden states and attention scores
-    of a large training set run to hundreds of GB (a run that fills the disk fails hours in)."""
+def disk_shortfall(caches: list[TeacherCache], request: FeatureRequest, spare: int = 1 << 30) -> str | None:
+    """What a cache fill would lack on the disk, said before any teacher pass (hidden states and attention scores
+    of a large training set run to hundreds of GB, and a fill that fills the disk fails hours in); None when it
+    fits with `spare` left."""
     needed = sum(cache.bytes_needed(request) for cache in caches)
     if not needed:
-        return
+        return None
     folder = caches[0].dir
     while not folder.exists():
         folder = folder.parent
     free = shutil.disk_usage(folder).free
-    if needed + spare > free:
-        raise RunError(f"the teacher cache needs {_size(needed)} for this run's teacher outputs, but {folder} "
-                       f"has {_size(free)} free: set teacher.cache=false to run the teacher at every step "
-                       "instead (no disk, slower), or point teacher.cache_dir ($DISTILKIT_CACHE) at a larger disk")
+    if needed + spare <= free:
+        return None
+    return f"the teacher cache needs {_size(needed)} for this run's teacher outputs, but {folder} has {_size(free)} free"
 
 
 class TeacherSource:
