@@ -16,7 +16,7 @@ from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 from distilkit.data.readers import DataError, Example
 from distilkit.data.tasks import named_task
-from distilkit.run import augment_for, run_experiment
+from distilkit.run import augment_for, run_experiment, scored_as_the_given
 from test_training import kd_config
 
 EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
@@ -290,3 +290,18 @@ def test_recombined_pairs_are_cached_and_reused(tmp_path, monkeypatch):
     assert augmented_examples(PAIRS, cfg, None, tmp_path) == first
     with pytest.raises(pytest.fail.Exception, match="recomputed"):  # other settings are another set
         augmented_examples(PAIRS, cfg.model_copy(update={"copies": 3}), None, tmp_path)
+
+
+@pytest.mark.parametrize("given, in_set, train, every", [
+    (8_000, 39_977, {"max_steps": 2_000}, 250),  # the pairs rule on QQP: a look a given epoch, 8 in all
+    (3_668, 18_336, {"max_steps": 2_070}, 115),  # MRPC's pairs: 18 looks, as labels only's 18 epochs
+    (200, 60_200, {}, 30),  # 200 labelled and a pool: 320 looks as labels only's, not one every 7 steps
+    (3_668, 77_028, {"epochs": 3}, 2_408),  # 20 copies for 3 epochs: 3 looks, at the set's epoch ends
+])
+def test_a_transfer_set_is_scored_as_often_as_its_given_examples_would_be(given, in_set, train, every):
+    config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": "kd"},
+                           "train": {"batch_size": 32, **train}})
+    scored = scored_as_the_given(config, given, in_set)
+    assert scored.eval.every_steps == every and scored.train.checkpoint_every == every
+    config = config.model_copy(update={"eval": config.eval.model_copy(update={"every_steps": 10})})
+    assert scored_as_the_given(config, given, in_set).eval.every_steps == 10  # set: kept

@@ -6,9 +6,9 @@ import json
 import pytest
 import yaml
 
-from distilkit.config import ConfigError
+from distilkit.config import ConfigError, build_config
 from distilkit.demo import run_demo
-from distilkit.plans import Plans, load_plan
+from distilkit.plans import Plans, load_plan, scored_as_today
 from distilkit.run import RunError
 from test_corpus import write_corpus
 from test_training import cli
@@ -102,17 +102,23 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
     Plans(load_plan(write(tmp_path, plan))).run()
     assert launched == ["task-kd"]
 
-    # a transfer set's run from before eval.every_steps' rule (scored at the set's epoch ends only): not today's
-    launched.clear()
-    metrics = json.loads(metrics_file.read_text())
-    assert metrics["eval_every_steps"] is None and "gold_labelled_examples" not in metrics
-    del metrics["eval_every_steps"]
-    metrics_file.write_text(json.dumps(metrics))
-    Plans(load_plan(write(tmp_path, plan))).run()
-    assert launched == []  # the given examples alone: scored at their epochs' ends then as now
-    metrics_file.write_text(json.dumps({**metrics, "gold_labels": False, "gold_labelled_examples": 16}))
-    Plans(load_plan(write(tmp_path, plan))).run()
-    assert launched == ["task-kd"]
+
+def test_a_transfer_set_run_scored_at_its_epoch_ends_only_is_not_todays():
+    """Before run.scored_as_the_given, a transfer set's run with eval.every_steps unset was scored at the set's epoch
+    ends only; its metrics lack eval_every_steps. Runs on the given examples alone were scored then as now."""
+    def config(**data):
+        return build_config({"task": {"name": "sst2"}, "method": {"name": "kd"}, "teacher": {"model": "t"},
+                             "data": data})
+    older = {"gold_labels": False, "gold_labelled_examples": 0}  # a custom task's unlabelled training file, say
+    assert not scored_as_today(config(unlabeled_file="pool.tsv"), older)
+    assert not scored_as_today(config(augment={"scheme": "tang"}), older)
+    assert not scored_as_today(config(), {**older, "augment_by_rule": {"scheme": "pairs", "copies": 4}})
+    assert scored_as_today(config(unlabeled_file="pool.tsv"), {**older, "eval_every_steps": 250})
+    assert scored_as_today(config(), {"gold_labels": True, "augment_by_rule": None})
+    assert scored_as_today(config(), {"gold_labels": False, "gold_labelled_examples": 0})  # a corpus
+    scored_every_10 = config(unlabeled_file="pool.tsv").model_copy(deep=True)
+    scored_every_10.eval.every_steps = 10
+    assert scored_as_today(scored_every_10, older)
 
 
 def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):

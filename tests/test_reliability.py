@@ -114,35 +114,50 @@ def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(
                                                                                monkeypatch):
     """TinyBERT's features of a pair task's made pairs can outgrow a disk: the run goes on with the teacher at
     every step, says so on stderr, writes no cache, and trains the student a cache would have (to its float16
-    rounding)."""
+    rounding). Interrupted and resumed on a disk with room, it stays live: the student of an uninterrupted run."""
     import yaml
     from types import SimpleNamespace
     from typer.testing import CliRunner
 
     from distilkit.cli import app
 
-    def distill(name: str):
-        config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method={"name": "tinybert"})
+    def config(name: str) -> dict:
+        config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method={"name": "tinybert"},
+                             checkpoint_every=1)
         config["teacher"]["cache_dir"] = str(tmp_path / f"cache-{name}")
+        return config
+
+    def distill(name: str):
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config))
+        path.write_text(yaml.safe_dump(config(name)))
         result = CliRunner().invoke(app, ["distill", str(path)])
         assert result.exit_code == 0, (result.stderr, result.exception)
         return result, load_file(tmp_path / name / "final" / "model.safetensors")
 
+    def small_disk():
+        monkeypatch.setattr("distilkit.train.cache.shutil.disk_usage",
+                            lambda path: SimpleNamespace(total=10 ** 12, used=10 ** 12, free=1000))
+
     cached, cached_weights = distill("cached")
     assert "the teacher runs at every step instead" not in cached.stderr
-    monkeypatch.setattr("distilkit.train.cache.shutil.disk_usage",
-                        lambda path: SimpleNamespace(total=10 ** 12, used=10 ** 12, free=1000))
+    assert json.loads((tmp_path / "cached" / "metrics.json").read_text())["teacher_live"] is False
+    small_disk()
     live, live_weights = distill("live")
     assert "has 1.0 kB free: the teacher runs at every step instead" in live.stderr
     assert "teacher.cache_dir" in live.stderr
     assert not list((tmp_path / "cache-live").rglob("*.npy"))  # no teacher output was written
-    assert json.loads((tmp_path / "live" / "metrics.json").read_text())["teacher_forward_passes"] >= 3  # a step's
-    assert cached_weights.keys() == live_weights.keys()
+    metrics = json.loads((tmp_path / "live" / "metrics.json").read_text())
+    assert metrics["teacher_live"] is True and metrics["teacher_forward_passes"] >= 3  # a step's at least
     # the cache keeps hidden states and attention in float16 (train/cache.py), live ones are float32: 3 steps of
     # lr 1e-3 move weights by ~3e-3, the rounding moved them by <1e-4 here
     assert max((cached_weights[k] - live_weights[k]).abs().max().item() for k in cached_weights) < 3e-4
+
+    crash_after_checkpoint(config("resumed"), monkeypatch, step=2)  # still the small disk
+    monkeypatch.undo()  # room on the disk now
+    run_experiment(build_config(config("resumed")))
+    assert not list((tmp_path / "cache-resumed").rglob("*.npy"))
+    resumed_weights = load_file(tmp_path / "resumed" / "final" / "model.safetensors")
+    assert all(torch.equal(live_weights[k], resumed_weights[k]) for k in live_weights)
 
 
 def test_kill_9_while_the_teacher_cache_is_written_then_rerun_resumes_it_bit_identical(tmp_path, glue_dir,

@@ -414,8 +414,8 @@ class TrainConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    # default: end of every epoch; on a transfer set (data.augment, data.unlabeled_file), every pass's worth of steps
-    # over the given examples (run.scored_every_given_pass)
+    # default: end of every epoch; on a transfer set (data.augment, data.unlabeled_file), as many times as the given
+    # examples alone would be scored, spread over the run (run.scored_as_the_given)
     every_steps: int | None = Field(None, ge=1)
     splits: list[str] | None = None  # default: the task's dev split(s)
     batch_size: int = Field(128, ge=1)

@@ -675,10 +675,11 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
 
 
 def scored_as_today(config: ExperimentConfig, metrics: dict) -> bool:
-    """A transfer set's run leaving eval.every_steps unset is scored every pass over its given examples since
-    2026-11-30 (run.scored_every_given_pass); one from before, at the set's epoch ends only, chose its best checkpoint
-    from fewer looks. A transfer set is what keeps gold labels on some examples only."""
-    return bool(config.eval.every_steps) or not metrics.get("gold_labelled_examples") or "eval_every_steps" in metrics
+    """A transfer set's run leaving eval.every_steps unset is scored as often as its given examples alone would be
+    since 2026-11-29 (run.scored_as_the_given); one from before, at the set's epoch ends only, chose its best
+    checkpoint from fewer looks."""
+    transfer_set = config.data.unlabeled_file or config.data.given_augment or metrics.get("augment_by_rule")
+    return bool(config.eval.every_steps) or not transfer_set or "eval_every_steps" in metrics
 
 
 def best_dev(run_dir: Path, metrics: dict) -> dict | None:

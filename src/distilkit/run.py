@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate.utils import broadcast_object_list
 
 from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
 from distilkit.config import PAIRS_RULE, PAIRS_RULE_COPIES, SMALL_SET_MIN_EXAMPLES, AugmentConfig, DataConfig, \
@@ -99,14 +101,17 @@ def in_the_given_steps(config: ExperimentConfig, given_examples: int, accelerato
     return config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
 
 
-def scored_every_given_pass(config: ExperimentConfig, given_examples: int, accelerator=None) -> ExperimentConfig:
+def scored_as_the_given(config: ExperimentConfig, given_examples: int, set_examples: int,
+                        accelerator=None) -> ExperimentConfig:
     """A transfer set's epoch is several passes over the given examples (the pairs rule's 5, seven copies' 8): scored
     and checkpointed at its ends only, a run had 2 looks at QQP's dev where labels only had 8, its best checkpoint
-    chosen from fewer. With eval.every_steps (train.checkpoint_every) unset, both come after each pass's worth of
-    steps over the given examples, as without the set."""
-    processes = accelerator.num_processes if accelerator is not None else 1
-    every = steps_per_epoch(given_examples, config.train.batch_size, config.train.grad_accumulation,
-                            smallest_batch(processes))
+    chosen from fewer. With eval.every_steps (train.checkpoint_every) unset, a run on a transfer set is scored as
+    often as one on the given examples alone, once an epoch of theirs, spread over its steps (and never more often
+    than a pass over them)."""
+    min_batch = smallest_batch(accelerator.num_processes if accelerator is not None else 1)
+    per_pass = steps_per_epoch(given_examples, config.train.batch_size, config.train.grad_accumulation, min_batch)
+    looks = config.train.epochs_for(given_examples)
+    every = max(per_pass, math.ceil(total_steps(set_examples, config.train, min_batch) / looks))
     return config.model_copy(update={
         "eval": config.eval.model_copy(update={"every_steps": config.eval.every_steps or every}),
         "train": config.train.model_copy(update={"checkpoint_every": config.train.checkpoint_every or every})})
@@ -183,6 +188,7 @@ class BuiltRun:
     teacher_caches: list[TeacherCache]  # one per teacher, when outputs are cached
     scratch: tempfile.TemporaryDirectory | None = None  # the method's store when teacher.cache is false
     augment: AugmentConfig | None = None  # the transfer set's augmentation: data.augment's, or the pairs rule's
+    cache_shortfall: str | None = None  # what the disk lacks for the teacher cache's fill (then the teacher runs live)
 
     @property
     def teacher(self) -> Teacher | None:
@@ -256,7 +262,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored_texts)
         if teacher_labels:
-            config = scored_every_given_pass(config, given, accelerator)
+            config = scored_as_the_given(config, given, len(train_examples), accelerator)
         if teacher_tokenizer is not None:
             check_encodes(tokenizer, [e.texts for e in train_examples[:256]], f"the student {tokenizer_source}")
         train_data = task_dataset(task, train_examples, tokenizer, config.data.max_length, config.data.bucket_batches,
@@ -303,15 +309,31 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     fixed_inputs = isinstance(train_data, TokenizedDataset)
     if teachers and config.teacher.cache and fixed_inputs and not request.is_empty():
         caches = [TeacherCache(cache_root(config.teacher.cache_dir), t, train_data.teacher_reads) for t in teachers]
-        short = disk_shortfall(caches, request)
-        if short:  # live outputs are bit for bit the cached ones: the run costs a teacher pass a step, not a refusal
-            if accelerator is None or accelerator.is_main_process:
-                print(f"{short}: the teacher runs at every step instead (slower, no disk); point teacher.cache_dir "
-                      "($DISTILKIT_CACHE) at a larger disk to keep its outputs", file=sys.stderr)
-            caches = []
     source = TeacherSource(teachers, request or method.teacher_request(), caches, config.teacher.mix)
     return BuiltRun(config, task, tokenizer, train_data, eval_data, teachers, student, method, source, caches,
-                    scratch, augment)
+                    scratch, augment, disk_shortfall(caches, request) if caches else None)
+
+
+TEACHER_LIVE_MARK = "teacher-live"  # in a run folder: its teacher ran at every step (the disk lacked room for its cache)
+
+
+def teacher_runs_live(run: BuiltRun, out: Path, accelerator) -> None:
+    """A cache the disk cannot hold no longer stops the run: the teacher runs at every step instead (its outputs
+    unrounded, where the cache keeps float16). Decided once by the main process and kept in the run folder, so
+    that every process, and the run when resumed, read the same outputs."""
+    if not run.teacher_caches:
+        return
+    mark = out / TEACHER_LIVE_MARK
+    live = broadcast_object_list([bool(run.cache_shortfall) or mark.is_file()])[0]
+    if not live:
+        return
+    if accelerator.is_main_process:
+        if not mark.is_file():
+            atomic_write_text(mark, f"{run.cache_shortfall}\n")
+        print(f"{mark.read_text().strip()}: the teacher runs at every step instead (slower; no teacher outputs "
+              "kept); point teacher.cache_dir ($DISTILKIT_CACHE) at a larger disk to keep them", file=sys.stderr)
+    run.teacher_caches.clear()
+    run.teacher_source.caches = []
 
 
 def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
@@ -386,6 +408,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     run = build_run(config, accelerator)  # everything is built and validated before anything is written
     out = folder.start(environment()) if isinstance(folder, OutputDir) else folder
     accelerator.wait_for_everyone()
+    teacher_runs_live(run, out, accelerator)
     cache_seconds = 0.0
     if run.teacher_caches:
         # every process asks; the cache's file lock lets one fill it while the others wait on the lock (no timeout),
@@ -427,13 +450,14 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
            {"gold_labelled_examples": getattr(run.train_data, "gold_labelled", 0)}),
         **({"augment_by_rule": run.augment.model_dump() if run.augment else None}  # what data.augment's rule chose
            if config.data.augment == PAIRS_RULE else {}),
-        # null: at each epoch's end; a transfer set's unset cadence is a pass over the given examples (plans read it)
+        # null: at each epoch's end; a transfer set's unset cadence is the given examples' (plans read it)
         "eval_every_steps": run.config.eval.every_steps,
         "final": {k: v for k, v in final_eval.items() if k != "step"},
         "best": {"score": summary["best_score"], "step": summary["best_step"], "metric": run.task.main_metric},
         # cache fills and live passes, and the fill's time: a resumed run counts every process that ran it (up to its
         # last checkpoint), as it does the loop's time
         "teacher_forward_passes": summary["teacher_forward_passes"],
+        "teacher_live": (out / TEACHER_LIVE_MARK).is_file(),  # the disk lacked room for its cache (teacher_runs_live)
         "teacher_cache_seconds": summary["setup_seconds"],
         "distill_wall_seconds": round(summary["loop_seconds"] + summary["setup_seconds"], 2),
         **{k: summary[k] for k in ("steps", "epochs", "train_seconds", "train_examples", "examples_per_second")},

@@ -35,7 +35,7 @@ MRPC F1 0.8608 ± 0.0045, 100.6 %, +1.5 ± 0.7 over TinyBERT-style altered copie
 added nothing there (1l: STS-B +0.0 ± 0.3, MRPC F1 -1.1 ± 0.6). The rule trains in the steps the given pairs take
 (since 2026-11-29; STS-B 2,160, MRPC 2,070): the pairs change what the student sees, not how long it trains, so the
 default costs what kd on the given pairs does, and is scored as often (after each pass's worth of steps over the
-given pairs, since 2026-11-30; the figures here were scored at the ~5x set's epoch ends only, the same training
+given pairs, since 2026-11-29; the figures here were scored at the ~5x set's epoch ends only, the same training
 seen at fewer steps, so they are lower bounds of what the rule gives). At those steps (1k, 3 seeds) STS-B 0.8511 ± 0.0009, 100.3 %; MRPC
 (5r) F1 0.8553 ± 0.0005 (100.0 %, 3 seeds; accuracy 0.7770 ± 0.0000); 5 epochs
 of the ~5x set, the rule's length the day before (5p: 4,460 and 2,865 steps, 2x and 1.4x the time), gave STS-B
