@@ -332,8 +332,7 @@ def teacher_runs_live(run: BuiltRun, out: Path, accelerator) -> None:
             atomic_write_text(mark, f"{run.cache_shortfall}\n")
         print(f"{mark.read_text().strip()}: the teacher runs at every step instead (slower; no teacher outputs "
               "kept); point teacher.cache_dir ($DISTILKIT_CACHE) at a larger disk to keep them", file=sys.stderr)
-    run.teacher_caches.clear()
-    run.teacher_source.caches = []
+    run.teacher_caches.clear()  # the list the teacher source reads too
 
 
 def load_corpus(config: ExperimentConfig, tokenizer) -> tuple[TextCorpus, dict[str, TokenizedDataset]]:
