@@ -538,6 +538,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, run_config: dict):
     # and a whole training run through the distiller (DDP, gloo) with a staged method
     run_experiment(build_config(run_config))
     accelerator.wait_for_everyone()
+    torch.distributed.destroy_process_group()  # as the CLI does: gloo's threads left to interpreter exit abort it
 
 
 def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_path, glue_dir, tiny_teacher):

@@ -473,6 +473,14 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _end_process_group() -> None:
+    """Under torchrun / accelerate launch, ends the process group before the interpreter ends: gloo's threads left
+    to interpreter shutdown abort a process (SIGABRT) whose run had succeeded."""
+    distributed = sys.modules.get("torch.distributed")  # not imported: no group (and `--help` stays light)
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+
+
 def main() -> None:
     _quiet_libraries()
     try:
@@ -480,6 +488,8 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume from the last checkpoint")
         sys.exit(130)
+    finally:
+        _end_process_group()
 
 
 if __name__ == "__main__":
