@@ -29,7 +29,7 @@ def test_invalid_choice_names_field_and_allowed_values(tmp_path):
 @pytest.mark.parametrize("speedup, resolved", [(1.4, "bf16"), (0.54, "no"), (None, "no")])
 def test_auto_precision_is_bf16_only_where_the_cpu_computes_it_faster(monkeypatch, speedup, resolved):
     """An AVX512-BF16 EPYC (bf16 faster), an AVX512-BF16 Xeon without AMX (bf16 matmuls at 0.54x), an AVX2 CPU."""
-    monkeypatch.setattr("distilkit.config.cpu_bf16_matmul_speedup", lambda: speedup)
+    monkeypatch.setattr("distilkit.machine.cpu_bf16_matmul_speedup", lambda: speedup)
     assert load_config(None, ["teacher.model=x"]).train.mixed_precision == resolved
     assert load_config(None, ["teacher.model=x", "train.mixed_precision=bf16"]).train.mixed_precision == "bf16"
 

@@ -132,6 +132,18 @@ def test_version_is_the_installed_package_version():
     assert result.exit_code == 0 and result.output.strip() == f"distilkit {version('distilkit')}"
 
 
+def test_help_loads_neither_torch_nor_transformers():
+    """`distilkit --help` answers at once: the built-in methods (torch, transformers) load when a config needs them."""
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys\nsys.argv = ['distilkit', '--help']\ntry:\n    runpy.run_module('distilkit', "
+             "run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "distill" in result.stdout and result.stdout.strip().endswith("[]"), result.stdout + result.stderr
+
+
 def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():
     from distilkit.evaluate.against_teacher import EvenSample
 

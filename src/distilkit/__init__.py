@@ -6,11 +6,19 @@
 
 from importlib.metadata import version
 
+from distilkit import config
+
 __version__ = version("distilkit")  # pyproject.toml's, the one place it is written
 __all__ = ["Distilled", "distil", "__version__"]
 
-# The built-in tasks, student kinds and methods register the names the config schema accepts.
-from distilkit import methods as _methods  # noqa: E402,F401
+
+def _load_builtins() -> None:
+    """The built-in tasks, student kinds and methods register the names the config schema accepts. Loaded when a
+    config first asks (they load torch and transformers), not with the package."""
+    from distilkit import methods  # noqa: F401
+
+
+config.register_builtins_loader(_load_builtins)
 
 
 def __getattr__(name: str):

@@ -466,11 +466,15 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
 
 
 def _quiet_libraries() -> None:
-    """Our own progress bar and messages are enough; hide transformers' per-load bars and reports."""
-    from transformers.utils import logging as hf_logging
+    """Our own progress bar and messages are enough; hide transformers' per-load bars and reports. By the settings
+    transformers and huggingface_hub read when they load, so that a command that needs neither does not load them."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # loaded already (the app run in-process): too late for the settings
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 def _end_process_group() -> None:

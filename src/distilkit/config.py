@@ -3,8 +3,9 @@
 Invalid values fail here, before any work starts, with the field's path and the allowed values.
 Each method owns the schema of its own parameters (`MethodParams` subclasses in `methods/`);
 the `method` section is validated against the schema of the method it names. Methods and tasks are
-defined in the layers above; they register here when they load (`import distilkit` loads the built-in
-ones), so this module imports none of them.
+defined in the layers above; they register here when they load, so this module imports none of them:
+`import distilkit` hands it a loader of the built-in ones, called when a config first needs them (so a command that
+builds no config, `distilkit --help`, loads no torch).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
-
-from distilkit.machine import cpu_bf16_matmul_speedup
 
 
 class ConfigError(ValueError):
@@ -46,6 +45,21 @@ class MethodParams(StrictModel):
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}
 _task_lookup: Callable[[str], Any] | None = None
+_load_builtins: Callable[[], None] | None = None
+
+
+def register_builtins_loader(load: Callable[[], None]) -> None:
+    """`load` registers the built-in tasks and methods (`distilkit/__init__.py` passes one); it runs once, when a
+    config first checks a task or method name."""
+    global _load_builtins
+    _load_builtins = load
+
+
+def _registered() -> None:
+    global _load_builtins
+    load, _load_builtins = _load_builtins, None
+    if load is not None:
+        load()
 
 
 def register_method_params(name: str, params: type[MethodParams]) -> None:
@@ -112,8 +126,10 @@ class TaskConfig(StrictModel):
         elif self.metrics is not None:
             raise ValueError(f"task.metrics is for custom tasks; {self.name} is scored with its own metrics: "
                              "drop task.metrics")
-        elif self.name != "unlabeled" and _task_lookup is not None:
-            _task_lookup(self.name)
+        elif self.name != "unlabeled":
+            _registered()
+            if _task_lookup is not None:
+                _task_lookup(self.name)
         return self
 
 
@@ -404,6 +420,8 @@ class TrainConfig(StrictModel):
         if torch.cuda.is_available():
             # native bf16 only (Ampere on): torch also counts emulation, which is slow, on V100 / T4
             return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+        from distilkit.machine import cpu_bf16_matmul_speedup  # torch: loaded when a run resolves its precision
+
         return "bf16" if (cpu_bf16_matmul_speedup() or 0) > 1 else "no"
 
     def epochs_for(self, num_examples: int) -> float:
@@ -468,6 +486,7 @@ class ExperimentConfig(StrictModel):
                              "distillation method")
         if augment is not None and augment.scheme != "pairs" and not (augment.model or self.teacher.first):
             raise ValueError("data.augment needs an MLM to propose words: set teacher.model or data.augment.model")
+        _registered()
         spans = (self.task.name not in ("custom", "unlabeled") and _task_lookup is not None
                  and getattr(_task_lookup(self.task.name), "answer_spans", False))
         if self.data.max_length is None:  # on a copy: a DataConfig the caller passed in may serve another config
@@ -490,6 +509,7 @@ class ExperimentConfig(StrictModel):
 
 def method_params(value: Any) -> MethodParams:
     """Validates a `method` mapping against the parameter schema of the method it names."""
+    _registered()
     if not isinstance(value, dict) or "name" not in value:
         raise ValueError(f"method needs a name, one of {sorted(_METHOD_PARAMS)}")
     if value["name"] not in _METHOD_PARAMS:
