@@ -45,6 +45,14 @@ class Where:
                             f"task.train_file={train}", *( [f"task.dev_file={dev}"] if dev else []), *sets)
 
 
+def _on_small_disk(w: Where, args: list[str]) -> list[str]:
+    from types import SimpleNamespace
+
+    w.monkeypatch.setattr("distilkit.train.cache.shutil.disk_usage",
+                          lambda path: SimpleNamespace(total=10 ** 12, used=10 ** 12, free=1000))
+    return args
+
+
 def _roberta_teacher(w: Where) -> Path:
     from tiny_families import save_family_model
     return save_family_model("roberta", w.tmp / "roberta")  # its tokenizer gives no token_type_ids
@@ -264,6 +272,10 @@ CASES: dict[str, tuple] = {
         lambda w: w.distill("method.name=text_smoothing",
                             f"method.smoothing_teacher={_student_with_other_vocabulary(w)}"),
         ["smoothing teacher", "another vocabulary", "method.smoothing_teacher"]),
+    "smoothing table larger than the free disk": (  # memory-mapped: a full disk would end the process (SIGBUS)
+        lambda w: _on_small_disk(w, w.distill("method.name=text_smoothing", f"method.smoothing_teacher={w.base}",
+                                              f"teacher.cache_dir={w.tmp / 'cache'}")),
+        ["per-token table mlm-top32-t1 needs", "has 1.0 kB free", "teacher.cache_dir", "larger disk"]),
     "reference corpus empty": (lambda w: _refbert(w, b""), ["refs.txt", "holds no text", "one passage per line"]),
     "reference with no BM25 match": (
         lambda w: _refbert(w, b"charming music\nsuperb cast\n", "method.missing_reference=error"),

@@ -296,6 +296,11 @@ class TeacherCache:
                 batch = self.dataset.collate([self.dataset[i] for i in indices])
                 derived = {part: value.cpu().numpy()
                            for part, value in derive(batch, self.teacher.features(batch, request)).items()}
+                if not arrays:  # the first batch gives each part's width and type: the table's size, before a write
+                    needed = int(self.token_offsets[-1]) * sum(v.shape[-1] * v.itemsize for v in derived.values())
+                    if lacking := free_space_shortfall(self.dir, needed):
+                        raise ValueError(f"the teacher's per-token table {name} needs {lacking}: set "
+                                         "teacher.cache_dir to a folder on a larger disk")
                 for part, value in derived.items():
                     if part not in arrays:
                         arrays[part] = np.lib.format.open_memmap(
@@ -372,20 +377,24 @@ def _size(n_bytes: int) -> str:
     return f"{n_bytes} bytes"
 
 
-def disk_shortfall(caches: list[TeacherCache], request: FeatureRequest, spare: int = 1 << 30) -> str | None:
-    """What a cache fill would lack on the disk, said before any teacher pass (hidden states and attention scores
-    of a large training set run to hundreds of GB, and a fill that fills the disk fails hours in); None when it
-    fits with `spare` left."""
-    needed = sum(cache.bytes_needed(request) for cache in caches)
+def free_space_shortfall(folder: Path, needed: int, spare: int = 1 << 30) -> str | None:
+    """"<size>, but <folder> has <size> free" when `needed` bytes and `spare` do not fit on folder's disk, else None.
+    Said before the arrays are made: they are memory-mapped, and a write into one on a full disk ends the process
+    (SIGBUS) rather than raising."""
     if not needed:
         return None
-    folder = caches[0].dir
     while not folder.exists():
         folder = folder.parent
     free = shutil.disk_usage(folder).free
-    if needed + spare <= free:
-        return None
-    return f"the teacher cache needs {_size(needed)} for this run's teacher outputs, but {folder} has {_size(free)} free"
+    return None if needed + spare <= free else f"{_size(needed)}, but {folder} has {_size(free)} free"
+
+
+def disk_shortfall(caches: list[TeacherCache], request: FeatureRequest) -> str | None:
+    """What a cache fill would lack on the disk, said before any teacher pass (hidden states and attention scores
+    of a large training set run to hundreds of GB, and a fill that fills the disk fails hours in); None when it
+    fits."""
+    lacking = free_space_shortfall(caches[0].dir, sum(cache.bytes_needed(request) for cache in caches))
+    return f"the teacher cache of this run's teacher outputs needs {lacking}" if lacking else None
 
 
 class TeacherSource:
