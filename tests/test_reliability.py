@@ -160,6 +160,34 @@ def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(
     assert all(torch.equal(live_weights[k], resumed_weights[k]) for k in live_weights)
 
 
+FULL_DISK_AT_CHECKPOINT = """
+import errno, sys
+import distilkit.train.checkpoint as checkpoint
+from distilkit.cli import main
+
+def full(tensors, path, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+checkpoint.save_file = full
+sys.argv = ["distilkit", "distill", sys.argv[1]]
+main()
+"""
+
+
+def test_a_full_disk_mid_run_ends_in_one_line_naming_the_fix(tmp_path, glue_dir, tiny_teacher):
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(glue_dir, tiny_teacher, tmp_path / "out", checkpoint_every=1)))
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_AT_CHECKPOINT, str(path)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: no space left on the disk holding ") and "trainable.safetensors" in error
+    assert "output.dir and teacher.cache_dir" in error and "resume from the last checkpoint" in error
+
+
 def test_kill_9_while_the_teacher_cache_is_written_then_rerun_resumes_it_bit_identical(tmp_path, glue_dir,
                                                                                         tiny_teacher):
     """A fill killed mid-way (a preempted machine) resumes at the batch its progress file names: the rerun makes

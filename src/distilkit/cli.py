@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -492,6 +493,16 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("interrupted; rerun the same command to resume from the last checkpoint")
         sys.exit(130)
+    except OSError as err:  # a full disk mid-run: one line, not a traceback (checkpoints are written whole or not at all)
+        if err.errno != errno.ENOSPC:
+            raise
+        from rich.markup import escape
+
+        where = escape(str(err.filename or "a file being written"))
+        console.print(f"[bold red]error:[/] no space left on the disk holding {where}: free space there, or point "
+                      "output.dir and teacher.cache_dir at a larger disk, then rerun the same command to resume from "
+                      "the last checkpoint")
+        sys.exit(2)
     finally:
         _end_process_group()
 
