@@ -166,6 +166,7 @@ import distilkit.train.checkpoint as checkpoint
 from distilkit.cli import main
 
 def full(tensors, path, *args, **kwargs):
+    open(path, "wb").write(b"the part that fitted")
     raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
 checkpoint.save_file = full
@@ -186,6 +187,8 @@ def test_a_full_disk_mid_run_ends_in_one_line_naming_the_fix(tmp_path, glue_dir,
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: no space left on the disk holding ") and "trainable.safetensors" in error
     assert "output.dir and teacher.cache_dir" in error and "resume from the last checkpoint" in error
+    leftovers = list((tmp_path / "out" / "checkpoints").glob(".*.tmp"))
+    assert not leftovers, "the failed checkpoint's part stays on the full disk"
 
 
 def test_kill_9_while_the_teacher_cache_is_written_then_rerun_resumes_it_bit_identical(tmp_path, glue_dir,

@@ -62,21 +62,25 @@ def save_checkpoint(directory: Path, weights: dict[str, torch.Tensor], optimizer
     tmp = root / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, tmp / "trainable.safetensors")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng_states = rng_states or [rng_state()]
-    for rank, (_, rng_tensors) in enumerate(rng_states):
-        save_file({k: v.cpu() for k, v in rng_tensors.items()},
-                  tmp / ("rng.safetensors" if rank == 0 else f"rng-{rank}.safetensors"))
-    full_state = {**state, "scheduler": scheduler.state_dict(), "rng": rng_states[0][0]}
-    if len(rng_states) > 1:
-        full_state["rng_other_ranks"] = [rng for rng, _ in rng_states[1:]]
-    if scaler is not None:
-        full_state["scaler"] = scaler.state_dict()
-    (tmp / "state.json").write_text(json.dumps(full_state))
-    for path in tmp.iterdir():
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
+    try:
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, tmp / "trainable.safetensors")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        rng_states = rng_states or [rng_state()]
+        for rank, (_, rng_tensors) in enumerate(rng_states):
+            save_file({k: v.cpu() for k, v in rng_tensors.items()},
+                      tmp / ("rng.safetensors" if rank == 0 else f"rng-{rank}.safetensors"))
+        full_state = {**state, "scheduler": scheduler.state_dict(), "rng": rng_states[0][0]}
+        if len(rng_states) > 1:
+            full_state["rng_other_ranks"] = [rng for rng, _ in rng_states[1:]]
+        if scaler is not None:
+            full_state["scaler"] = scaler.state_dict()
+        (tmp / "state.json").write_text(json.dumps(full_state))
+        for path in tmp.iterdir():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back now, not at the resume
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
