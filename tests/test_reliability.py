@@ -263,6 +263,41 @@ def test_an_interrupted_fill_asked_for_with_other_batches_starts_afresh(tmp_path
     assert not (cache.dir / "fill.json").exists()
 
 
+def test_an_interrupted_text_smoothing_table_resumes_and_stores_what_one_fill_stores(tmp_path, glue_dir,
+                                                                                      tiny_base_model, monkeypatch):
+    """Text Smoothing's MLM top-k table (one teacher pass over the training set, hours on a large set) resumes at
+    the batch an interrupted fill recorded, and ends bit-identical to a table filled in one go."""
+    from distilkit.models.teacher import Teacher
+
+    monkeypatch.setattr(cache_module, "FILL_PROGRESS_SECONDS", 0)  # progress after every batch
+
+    def config(out, cache):
+        settings = tiny_config(glue_dir, tiny_base_model, tmp_path / out, method={"name": "text_smoothing", "top_k": 4})
+        settings["teacher"]["cache_dir"] = str(tmp_path / cache)
+        return build_config(settings)
+    real = Teacher.features
+
+    def stop_at_third(self, batch, request, **kw):
+        if self.forward_passes == 2:
+            raise KeyboardInterrupt
+        return real(self, batch, request, **kw)
+    monkeypatch.setattr(Teacher, "features", stop_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        build_run(config("interrupted", "cache"))
+    monkeypatch.setattr(Teacher, "features", real)
+    progress = next((tmp_path / "cache").rglob("mlm-top4-*.fill.json"))
+    assert json.loads(progress.read_text())["batches"] == 2
+    assert list(progress.parent.glob("*.table-fill.npy")), "the interruption should leave the fill behind"
+
+    resumed = build_run(config("resumed", "cache"))
+    whole = build_run(config("whole", "cache-whole"))
+    assert resumed.teacher.forward_passes == whole.teacher.forward_passes - 2 > 0  # the stored batches kept
+    assert not progress.exists() and not list(progress.parent.glob("*.table-fill.npy")), "the fill is finished"
+    for part in ("ids", "probs"):
+        table = next((tmp_path / "cache").rglob(f"mlm-top4-*.{part}.npy"))
+        assert np.array_equal(np.load(table), np.load(next((tmp_path / "cache-whole").rglob(table.name))))
+
+
 def test_cache_filled_by_other_methods_gives_the_same_run_as_an_empty_cache(tmp_path, glue_dir, tiny_teacher):
     """Issue 16: KD and PKD fill part of the cache (logits, some hidden states) with their own passes; a
     TinyBERT run on that warm cache must equal the same run on an empty cache, loss for loss."""

@@ -10,7 +10,8 @@ rounding, about 1e-3 relative, is below what distillation can notice); logits as
 Files are written under a temporary name and renamed when complete: a crash never leaves a
 partial file that looks valid. A fill records every 30 s how many of its (fixed, length-sorted) batches are
 on disk, so a killed fill (a preempted GPU box, Ctrl-C hours into a large set) resumes at that batch when the
-same entries are asked for with the same batch size; anything else starts it afresh.
+same entries are asked for with the same batch size; anything else starts it afresh. Per-token tables derived
+from the teacher (Text Smoothing's MLM top-k) are filled and resumed the same way.
 
 Each entry `<key>.npy` has a `<key>.json` beside it (shape, dtype, rows, examples, CRC-32 of the
 data) written after the array is complete. Before a run uses an entry, its header and file size are
@@ -48,6 +49,7 @@ from distilkit.precision import to_device
 FILL_SUFFIX = ".fill.npy"  # an entry being filled; with FILL_PROGRESS, resumed where a killed fill stopped
 FILL_PROGRESS = "fill.json"  # the batches of the fill stored so far, written after the arrays are flushed
 FILL_PROGRESS_SECONDS = 30.0
+TABLE_FILL_SUFFIX = ".table-fill.npy"  # a per-token table being filled (`ensure_token_features`), resumed alike
 _CHECKSUMMED: set[tuple[str, int, int]] = set()  # (path, size, mtime) whose checksum this process verified
 
 
@@ -181,8 +183,8 @@ class TeacherCache:
             self.compute_seconds += time.perf_counter() - start
             (self.dir / "meta.json").write_text(json.dumps({
                 "teacher": self.teacher.name, "examples": len(self.dataset),
-                "features": sorted(p.stem for p in self.dir.glob("*.npy")
-                                   if ".tmp" not in p.name and not p.name.endswith(FILL_SUFFIX))}, indent=1))
+                "features": sorted(p.stem for p in self.dir.glob("*.npy") if ".tmp" not in p.name
+                                   and not p.name.endswith((FILL_SUFFIX, TABLE_FILL_SUFFIX)))}, indent=1))
             return self.teacher.forward_passes - passes_before
 
     def _shape(self, key: str) -> tuple[tuple[int, ...], type]:
@@ -290,31 +292,66 @@ class TeacherCache:
                     return
                 done.unlink()
             self._remove_leftovers()
-            arrays: dict[str, np.ndarray] = {}
-            start = time.perf_counter()
-            for indices in LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False):
+            rows = int(self.token_offsets[-1])
+            progress = self.dir / f"{name}.{FILL_PROGRESS}"
+            fill = {"batch_size": batch_size, "examples": len(self.dataset), "rows": rows}
+            arrays, done_batches = self._resumed_table(name, progress, fill)
+            start, saved_at = time.perf_counter(), time.monotonic()
+            for number, indices in enumerate(LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0,
+                                                                      shuffle=False)):
+                if number < done_batches:
+                    continue
                 batch = self.dataset.collate([self.dataset[i] for i in indices])
                 derived = {part: value.cpu().numpy()
                            for part, value in derive(batch, self.teacher.features(batch, request)).items()}
                 if not arrays:  # the first batch gives each part's width and type: the table's size, before a write
-                    needed = int(self.token_offsets[-1]) * sum(v.shape[-1] * v.itemsize for v in derived.values())
+                    needed = rows * sum(v.shape[-1] * v.itemsize for v in derived.values())
                     if lacking := free_space_shortfall(self.dir, needed):
                         raise ValueError(f"the teacher's per-token table {name} needs {lacking}: set "
                                          "teacher.cache_dir to a folder on a larger disk")
+                    arrays = {part: np.lib.format.open_memmap(self._table_fill_path(name, part), mode="w+",
+                                                              dtype=value.dtype, shape=(rows, value.shape[-1]))
+                              for part, value in derived.items()}
                 for part, value in derived.items():
-                    if part not in arrays:
-                        arrays[part] = np.lib.format.open_memmap(
-                            self.dir / f"{name}.{part}.{os.getpid()}.tmp.npy", mode="w+", dtype=value.dtype,
-                            shape=(int(self.token_offsets[-1]), value.shape[-1]))
                     for row, index in enumerate(indices):
                         start_at = self.token_offsets[index]
                         arrays[part][start_at: self.token_offsets[index + 1]] = value[row, : self.dataset.lengths[index]]
+                if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:  # flushed first: what it counts is on disk
+                    for array in arrays.values():
+                        array.flush()
+                    written = progress.with_name(f"{progress.name}.{os.getpid()}.tmp")
+                    written.write_text(json.dumps({"fill": fill, "parts": sorted(arrays), "batches": number + 1}))
+                    os.replace(written, progress)
+                    saved_at = time.monotonic()
             parts = sorted(arrays)
             for part in parts:
-                array = arrays.pop(part)
-                _finish(Path(array.filename), self._path(f"{name}.{part}"), array, len(self.dataset))
+                _finish(self._table_fill_path(name, part), self._path(f"{name}.{part}"), arrays.pop(part),
+                        len(self.dataset))
+            progress.unlink(missing_ok=True)
             self.compute_seconds += time.perf_counter() - start
             done.write_text(json.dumps({"parts": parts, "seconds": round(time.perf_counter() - start, 2)}))
+
+    def _table_fill_path(self, name: str, part: str) -> Path:
+        return self.dir / f"{name}.{part}{TABLE_FILL_SUFFIX}"
+
+    def _resumed_table(self, name: str, progress: Path, fill: dict) -> tuple[dict[str, np.ndarray], int]:
+        """The arrays and stored batches of an interrupted fill of table `name` made with the same batches;
+        otherwise ({}, 0), its leftovers removed."""
+        saved = json.loads(progress.read_text()) if progress.is_file() else None
+        if saved and saved["fill"] == fill and all(self._table_fill_path(name, p).is_file() for p in saved["parts"]):
+            arrays = {p: np.load(self._table_fill_path(name, p), mmap_mode="r+", allow_pickle=False)
+                      for p in saved["parts"]}
+            written = sum(self._table_fill_path(name, p).stat().st_blocks * 512 for p in saved["parts"])
+            if lacking := free_space_shortfall(self.dir, sum(a.nbytes for a in arrays.values()) - written):
+                raise ValueError(f"the rest of the teacher's per-token table {name} needs {lacking}: set "
+                                 "teacher.cache_dir to a folder on a larger disk")
+            print(f"teacher cache: resuming an interrupted fill of {name} at batch {saved['batches']}",
+                  file=sys.stderr)
+            return arrays, saved["batches"]
+        progress.unlink(missing_ok=True)
+        for leftover in self.dir.glob(f"{name}.*{TABLE_FILL_SUFFIX}"):
+            leftover.unlink()
+        return {}, 0
 
     def lookup_token_features(self, name: str, parts: list[str], batch: dict) -> dict[str, torch.Tensor]:
         """Stored per-token arrays of the batch's examples, zero-padded like the batch: {part: (B, T, W)}."""
