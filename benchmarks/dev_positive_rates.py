@@ -1,6 +1,7 @@
 """How often each model calls a held-out pair of the positive class, with its precision and recall there, and the F1
 a best threshold would give: tests whether a student taught on the pairs data.augment's rule makes (whose teacher
-labels are mostly negative) learned to say "positive" less often (protocol-confirm, QQP).
+labels are mostly negative) learned to say "positive" less often (protocol-confirm, QQP). With each model's
+calibration: its mean top probability against its accuracy, and how right it is where it is >= 95 % sure.
 
     DISTILKIT_DATA=../shared/data python benchmarks/dev_positive_rates.py RUN_CONFIG MODEL_FOLDER [MODEL_FOLDER ...]
 
@@ -48,6 +49,7 @@ def main(config_path: str, *folders: str) -> None:
     for folder in folders:
         probability = positive_probabilities(folder, dev, config.data.max_length)
         said = probability > 0.5
+        sure = torch.maximum(probability, 1 - probability)
         true_positives = int((said & gold).sum())
         best = max((f1_at(probability, gold, t / 100), t / 100) for t in range(5, 96))
         rows[folder] = {"positive_rate": round(float(said.float().mean()), 4),
@@ -55,7 +57,10 @@ def main(config_path: str, *folders: str) -> None:
                         "recall": round(true_positives / int(gold.sum()), 4),
                         "f1": round(f1_at(probability, gold, 0.5), 4),
                         "accuracy": round(float((said == gold).float().mean()), 4),
-                        "best_threshold_f1": round(best[0], 4), "best_threshold": best[1]}
+                        "best_threshold_f1": round(best[0], 4), "best_threshold": best[1],
+                        "mean_top_probability": round(float(sure.mean()), 4),
+                        "share_at_least_0.95": round(float((sure >= 0.95).float().mean()), 4),
+                        "accuracy_at_least_0.95": round(float((said == gold)[sure >= 0.95].float().mean()), 4)}
     print(json.dumps({"task": task.name, "dev_pairs": len(dev), "gold_positive_rate": round(float(gold.float().mean()), 4),
                       "models": rows}, indent=2))
 

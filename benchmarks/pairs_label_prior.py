@@ -1,5 +1,6 @@
 """How often the teacher calls a pair of the positive class, on the pairs data.augment's rule makes and on the given
-pairs: the prior the transfer set teaches (protocol-confirm, QQP: why kd's pairs default gains accuracy, not F1).
+pairs: the prior the transfer set teaches (protocol-confirm, QQP: why kd's pairs default gains accuracy, not F1);
+and how sure it is of them (are the new pairs mostly easy ones, whose soft labels teach little beyond a hard label?).
 
     python benchmarks/pairs_label_prior.py benchmarks/work/bench/protocol-confirm/kd-pairs-cell/config.yaml TEACHER
 """
@@ -21,14 +22,22 @@ SAMPLE = 1500
 
 
 @torch.inference_mode()
-def positive_rate(model, tokenizer, pairs: list[tuple[str, str]], max_length: int) -> float:
-    positive = 0
+def teacher_view(model, tokenizer, pairs: list[tuple[str, str]], max_length: int) -> dict[str, float]:
+    """Positive rate, and confidence: the mean top probability, the share of pairs it gives >= 0.95 and the mean
+    entropy in bits (1 = a coin toss, for two classes)."""
+    probabilities = []
     for first in range(0, len(pairs), 64):
         batch = pairs[first:first + 64]
         enc = tokenizer([a for a, _ in batch], [b for _, b in batch], truncation=True, max_length=max_length,
                         padding=True, return_tensors="pt")
-        positive += int((model(**enc).logits.argmax(-1) == 1).sum())
-    return positive / len(pairs)
+        probabilities.append(model(**enc).logits.float().softmax(-1))
+    p = torch.cat(probabilities)
+    top = p.max(-1).values
+    entropy = -(p * p.clamp_min(1e-12).log2()).sum(-1)
+    return {"positive_rate": round(float((p.argmax(-1) == 1).float().mean()), 4),
+            "mean_top_probability": round(float(top.mean()), 4),
+            "share_at_least_0.95": round(float((top >= 0.95).float().mean()), 4),
+            "mean_entropy_bits": round(float(entropy.mean()), 4)}
 
 
 def main(config_path: str, teacher: str) -> None:
@@ -45,8 +54,8 @@ def main(config_path: str, teacher: str) -> None:
     length = config.data.max_length
     print(json.dumps({
         "task": task.name, "teacher": teacher, "given_pairs": len(given), "new_pairs": len(new), "sampled": SAMPLE,
-        "teacher_positive_rate_new": positive_rate(model.eval(), tokenizer, [e.texts for e in new_sample], length),
-        "teacher_positive_rate_given": positive_rate(model, tokenizer, [e.texts for e in given_sample], length),
+        "teacher_on_new": teacher_view(model.eval(), tokenizer, [e.texts for e in new_sample], length),
+        "teacher_on_given": teacher_view(model, tokenizer, [e.texts for e in given_sample], length),
         "gold_positive_rate_given": sum(e.label == 1 for e in given_sample) / SAMPLE}, indent=2))
 
 
