@@ -21,16 +21,20 @@ from distilkit.run import eval_examples, training_examples
 
 
 @torch.inference_mode()
-def positive_probabilities(folder: str, dev, max_length: int) -> torch.Tensor:
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+def pair_probabilities(model, tokenizer, pairs: list[tuple[str, str]], max_length: int) -> torch.Tensor:
+    """(pairs, classes): the model's class probabilities of each text pair, in batches of 64."""
     out = []
-    for first in range(0, len(dev), 64):
-        batch = dev[first:first + 64]
-        enc = tokenizer([e.texts[0] for e in batch], [e.texts[1] for e in batch], truncation=True,
-                        max_length=max_length, padding=True, return_tensors="pt")
-        out.append(model(**enc).logits.softmax(-1)[:, 1])
+    for first in range(0, len(pairs), 64):
+        batch = pairs[first:first + 64]
+        enc = tokenizer([a for a, _ in batch], [b for _, b in batch], truncation=True, max_length=max_length,
+                        padding=True, return_tensors="pt")
+        out.append(model(**enc).logits.float().softmax(-1))
     return torch.cat(out)
+
+
+def positive_probabilities(folder: str, dev, max_length: int) -> torch.Tensor:
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    return pair_probabilities(model, AutoTokenizer.from_pretrained(folder), [e.texts for e in dev], max_length)[:, 1]
 
 
 def f1_at(probability: torch.Tensor, gold: torch.Tensor, threshold: float) -> float:

@@ -17,21 +17,15 @@ from distilkit.data.tasks import task_spec
 from distilkit.machine import cache_root
 from distilkit.run import augment_for, eval_examples, training_examples
 from distilkit.train.augment import augmented_examples
+from dev_positive_rates import pair_probabilities
 
 SAMPLE = 1500
 
 
-@torch.inference_mode()
 def teacher_view(model, tokenizer, pairs: list[tuple[str, str]], max_length: int) -> dict[str, float]:
     """Positive rate, and confidence: the mean top probability, the share of pairs it gives >= 0.95 and the mean
     entropy in bits (1 = a coin toss, for two classes)."""
-    probabilities = []
-    for first in range(0, len(pairs), 64):
-        batch = pairs[first:first + 64]
-        enc = tokenizer([a for a, _ in batch], [b for _, b in batch], truncation=True, max_length=max_length,
-                        padding=True, return_tensors="pt")
-        probabilities.append(model(**enc).logits.float().softmax(-1))
-    p = torch.cat(probabilities)
+    p = pair_probabilities(model, tokenizer, pairs, max_length)
     top = p.max(-1).values
     entropy = -(p * p.clamp_min(1e-12).log2()).sum(-1)
     return {"positive_rate": round(float((p.argmax(-1) == 1).float().mean()), 4),
