@@ -349,8 +349,9 @@ class TeacherCache:
                   file=sys.stderr)
             return arrays, saved["batches"]
         progress.unlink(missing_ok=True)
-        for leftover in self.dir.glob(f"{name}.*{TABLE_FILL_SUFFIX}"):
-            leftover.unlink()
+        for leftover in self.dir.glob(f"*{TABLE_FILL_SUFFIX}"):
+            if leftover.name[: -len(TABLE_FILL_SUFFIX)].rpartition(".")[0] == name:  # not table t1.5's for t1
+                leftover.unlink()
         return {}, 0
 
     def lookup_token_features(self, name: str, parts: list[str], batch: dict) -> dict[str, torch.Tensor]:
