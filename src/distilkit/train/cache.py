@@ -43,6 +43,7 @@ from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, teacher_inputs
 from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
+from distilkit.machine import atomic_write_text
 from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
 
@@ -103,6 +104,13 @@ def _finish(temporary: Path, final: Path, array: np.ndarray, examples: int) -> N
     meta_tmp = final.with_name(final.stem + f".{os.getpid()}.tmp.json")
     meta_tmp.write_text(json.dumps(meta))
     os.replace(meta_tmp, final.with_suffix(".json"))
+
+
+def _record_fill(progress: Path, arrays: dict[str, np.ndarray], record: dict) -> None:
+    """A fill's progress, written whole after its arrays are flushed: what the record counts is on disk."""
+    for array in arrays.values():
+        array.flush()
+    atomic_write_text(progress, json.dumps(record))
 
 
 def _feature_keys(request: FeatureRequest) -> list[str]:
@@ -258,12 +266,8 @@ class TeacherCache:
                         arrays[key][start_at: start_at + length] = features.logits[row, :, :length].T.numpy()
                     else:
                         arrays[key][index] = features.logits[row].numpy()
-            if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:  # flushed first: what it counts is on disk
-                for array in arrays.values():
-                    array.flush()
-                written = progress.with_name(f"{FILL_PROGRESS}.{os.getpid()}.tmp")
-                written.write_text(json.dumps({"fill": fill, "batches": number + 1}))
-                os.replace(written, progress)
+            if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:
+                _record_fill(progress, arrays, {"fill": fill, "batches": number + 1})
                 saved_at = time.monotonic()
         for key in missing:
             _finish(partial[key], self._path(key), arrays.pop(key), n)
@@ -316,12 +320,8 @@ class TeacherCache:
                     for row, index in enumerate(indices):
                         start_at = self.token_offsets[index]
                         arrays[part][start_at: self.token_offsets[index + 1]] = value[row, : self.dataset.lengths[index]]
-                if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:  # flushed first: what it counts is on disk
-                    for array in arrays.values():
-                        array.flush()
-                    written = progress.with_name(f"{progress.name}.{os.getpid()}.tmp")
-                    written.write_text(json.dumps({"fill": fill, "parts": sorted(arrays), "batches": number + 1}))
-                    os.replace(written, progress)
+                if time.monotonic() - saved_at >= FILL_PROGRESS_SECONDS:
+                    _record_fill(progress, arrays, {"fill": fill, "parts": sorted(arrays), "batches": number + 1})
                     saved_at = time.monotonic()
             parts = sorted(arrays)
             for part in parts:
