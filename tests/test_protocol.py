@@ -181,6 +181,10 @@ def test_the_across_tasks_line_averages_each_arms_percent_of_teacher_once_every_
     assert lines[-1] == "| kd's default | 97.8% (kd-pool, 1 seed) | 98.8% (kd-pairs, 2 seeds) | 98.3% | 6.0× |"
     del runs["sst2-kd-pool-S"]
     assert protocol_table(runs, spec)[-1] == "| kd's default | – | 98.8% (kd-pairs, 2 seeds) | – | – |"
+    # a task without labels-only runs has no row above, and still counts as a task the average lacks
+    runs["sst2-kd-pool-S"] = timed(_record("sst2", 42, 0.88), 6.0)
+    del runs["sst2-finetune-S"], runs["sst2-finetune-S-seed1"]
+    assert protocol_table(runs, spec)[-1] == "| kd's default | – | 98.8% (kd-pairs, 2 seeds) | – | – |"
 
 
 def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(monkeypatch):
