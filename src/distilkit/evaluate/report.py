@@ -421,21 +421,20 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
     for student in spec["students"]:
         rows, teachers = [], {}
         for task, teacher_cell in spec["teachers"].items():
-            cell = lambda method: spec["cell"].format(task=task, method=method, student=student)  # noqa: E731
-            baseline = seeded(runs, cell(spec["baseline"]))
+            cell = partial(spec["cell"].format, task=task, student=student)  # a cell's name, given method=
+            baseline = seeded(runs, cell(method=spec["baseline"]))
             teacher = row_teacher(runs.get(teacher_cell), baseline)
             labels = {seed: r for seed, r in baseline.items() if teacher and cpu(r) == cpu(teacher)}  # its students
             if not labels:
                 continue
             metric = spec.get("metrics", {}).get(task, teacher["best"]["metric"])
             top = score(teacher, metric)
-            teachers[task] = {"cell": partial(spec["cell"].format, task=task, student=student), "score": top,
-                              "metric": metric, "cpu": cpu(teacher)}
+            teachers[task] = {"cell": cell, "score": top, "metric": metric, "cpu": cpu(teacher)}
             baseline = [score(r, metric) for r in labels.values()]
             flags = []
             if top < statistics.mean(baseline):
                 flags.append("weak: below labels only")
-            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(m)).values()
+            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(method=m)).values()
                         if cpu(r) == cpu(teacher)]
             weak = [r["teacher_check"] for r in row_runs if r.get("teacher_check", {}).get("weak")]  # this teacher's
             if weak:
@@ -443,7 +442,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
                    f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%{seed_count(len(baseline))})"]
             for method in spec["methods"]:
-                found = [f for f in paired(runs, cell(spec["baseline"]), cell(method)) if f[0] in labels]
+                found = [f for f in paired(runs, cell(method=spec["baseline"]), cell(method=method)) if f[0] in labels]
                 if not found:
                     row.append("–")
                     continue
@@ -488,8 +487,8 @@ def across_tasks_table(runs: dict[str, dict], teachers: dict[str, dict | None], 
                 for r in seeded(runs, teacher["cell"](method=methods[task])).values() if cpu(r) == teacher["cpu"]]
             if found:
                 means[task] = (statistics.mean(p for p, _ in found), len(found))
-                timed = [r["speed"]["formats"]["pytorch_fp32"]["speedup"]["latency_1_thread"] for _, r in found
-                         if "pytorch_fp32" in r.get("speed", {}).get("formats", {})]
+                measured = [_measured(r) for _, r in found if "speed" in r]  # a skipped format has no speedup
+                timed = [m["pytorch_fp32"]["speedup"]["latency_1_thread"] for m in measured if "pytorch_fp32" in m]
                 speedups.append(statistics.mean(timed) if timed else None)
             cells.append(f"{means[task][0]:.1f}% ({methods[task]}{seed_count(means[task][1])})" if task in means
                          else "–")
