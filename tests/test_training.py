@@ -10,6 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from distilkit import machine
 from distilkit.config import build_config
 from distilkit.run import RunError, run_experiment
 from conftest import crash_after_checkpoint
@@ -175,7 +176,7 @@ def test_resume_after_crash_equals_uninterrupted_run(tmp_path, glue_dir, tiny_te
     assert all(torch.equal(whole[k], again[k]) for k in whole), "resumed weights differ from the uninterrupted run"
 
 
-def test_finished_runs_are_never_overwritten_silently(tmp_path, glue_dir, tiny_teacher):
+def test_finished_runs_are_never_overwritten_silently(tmp_path, glue_dir, tiny_teacher, monkeypatch):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "run", epochs=1)
     run_experiment(build_config(config))
     before = (tmp_path / "run" / "metrics.json").read_text()
@@ -183,9 +184,15 @@ def test_finished_runs_are_never_overwritten_silently(tmp_path, glue_dir, tiny_t
         run_experiment(build_config(config))
     assert (tmp_path / "run" / "metrics.json").read_text() == before
     config["output"]["overwrite"] = True
+    monkeypatch.setattr(machine.time, "strftime", lambda *_: "20261130-022310")  # both replacements in one second
     run_experiment(build_config(config))
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
     assert len(kept) == 1 and (kept[0] / "metrics.json").read_text() == before
+    second = (tmp_path / "run" / "metrics.json").read_text()
+    run_experiment(build_config(config))
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("run.replaced-"))
+    assert kept == ["run.replaced-20261130-022310", "run.replaced-20261130-022310-2"]  # side by side, not nested
+    assert (tmp_path / kept[1] / "metrics.json").read_text() == second
 
 
 def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_teacher):

@@ -81,6 +81,19 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def move_aside(path: Path) -> Path:
+    """Keeps an earlier run instead of deleting it: renamed to `<name>.replaced-<time>`, with a counter when a run was
+    already moved aside within the same second (renaming onto an existing folder would put it inside that one)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.replaced-{stamp}")
+    count = 1
+    while aside.exists():
+        count += 1
+        aside = path.with_name(f"{path.name}.replaced-{stamp}-{count}")
+    os.rename(path, aside)
+    return aside
+
+
 def _measured_speedup() -> float:
     return round(_matmul_seconds(torch.float32) / _matmul_seconds(torch.bfloat16), 3)
 

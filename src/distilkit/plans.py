@@ -48,7 +48,7 @@ from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _descr
                               same_config, same_run)
 from distilkit.evaluate.profile import FORMATS
 from distilkit.run import RunError, augment_for
-from distilkit.machine import atomic_write_text
+from distilkit.machine import atomic_write_text, move_aside
 
 PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
 
@@ -353,8 +353,7 @@ class Plans:
             return json.loads(metrics.read_text())
         saved = cell.dir / "config.yaml"
         if metrics.is_file() or (saved.is_file() and not same_config(saved.read_text(), dump_config(cell.config))):
-            aside = cell.dir.with_name(f"{cell.dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-            shutil.move(str(cell.dir), str(aside))
+            aside = move_aside(cell.dir)
             print(f"[plan] {cell.name}: config or inputs changed; earlier run moved to {aside}", file=sys.stderr)
         path = self.config_path(cell)
         print(f"[plan] {cell.name}: distilkit distill {path}", file=sys.stderr, flush=True)

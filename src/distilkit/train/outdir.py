@@ -15,12 +15,12 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from distilkit.config import same_config
+from distilkit.machine import move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
@@ -99,8 +99,7 @@ class OutputDir:
         out = self.path
         if self.replace:
             self._release()
-            aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-            shutil.move(str(out), str(aside))
+            aside = move_aside(out)
             print(f"note: moved the earlier run to {aside}", file=sys.stderr)
             out.mkdir(parents=True)
             self._acquire()
