@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from distilkit.config import LENGTH_RULE, build_config, method_params
+from distilkit.config import LENGTH_RULE, ConfigError, build_config, method_params
 from distilkit.data.tasks import named_task
 from distilkit.evaluate.against_teacher import check_teacher, constant_baseline, teacher_scores
 from distilkit.evaluate.report import protocol_table
@@ -291,3 +291,15 @@ def test_an_intel_cpu_with_amx_and_one_without_are_two_kinds_of_machine():
     from distilkit.machine import environment
 
     assert isinstance(environment()["amx"], bool)  # every new record says
+
+
+def test_a_misspelt_method_or_task_in_a_protocol_table_is_refused_when_the_plan_loads(monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[1])
+    Plans(load_plan("base-teacher"))  # as shipped: every method and task names cells
+    for change, named in ((lambda t: t["methods"].append("kd-pool-lng"), "'kd-pool-lng' matches no cell"),
+                          (lambda t: t["across_tasks"]["kd's default"].update(stsb="kd-pair"), "'kd-pair' matches"),
+                          (lambda t: t["across_tasks"]["kd's default"].update({"sst-2": "kd"}), r"\['sst-2'\]")):
+        plan = load_plan("base-teacher")
+        change(next(t for t in plan.report.tables if t["kind"] == "protocol"))
+        with pytest.raises(ConfigError, match=named):
+            Plans(plan)

@@ -268,6 +268,29 @@ class Plans:
         if clash:
             raise ConfigError(f"plan {plan.name}: cell(s) {sorted(clash)} also come from an included plan")
         self._cells: dict[str, Cell] = {}
+        self.check_protocol_tables()
+
+    def check_protocol_tables(self) -> None:
+        """A misspelt method or task in a protocol table would leave its column or line silently empty: each must
+        name at least one cell of the plan."""
+        names = set(self.own) | set(self.included)
+        for spec in self.plan.report.tables if self.plan.report else []:
+            if spec.get("kind") != "protocol":
+                continue
+            tasks, students = list(spec["teachers"]), spec["students"]
+            arms = {method: tasks for method in [spec["baseline"], *spec["methods"]]}
+            for arm, by_task in spec.get("across_tasks", {}).items():
+                if unknown := set(by_task) - set(tasks):
+                    raise ConfigError(f"plan {self.plan.name}: across_tasks arm {arm!r} names task(s) "
+                                      f"{sorted(unknown)} that the table has no teacher for; use one of {tasks}")
+                for task, method in by_task.items():
+                    arms[method] = arms.get(method, []) + [task]
+            for method, on_tasks in arms.items():
+                if not any(spec["cell"].format(task=t, method=method, student=s) in names
+                           for t in on_tasks for s in students):
+                    raise ConfigError(f"plan {self.plan.name}: protocol table method {method!r} matches no cell "
+                                      f"({spec['cell']} over tasks {on_tasks} and students {students}); "
+                                      "fix its spelling or remove it")
 
     def cell(self, name: str, chain: tuple[str, ...] = ()) -> Cell:
         """One cell's validated config, its references resolved (the cells it starts from first)."""
