@@ -3,6 +3,7 @@
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,39 @@ def test_report_from_fixture_records(tmp_path):
     for name in ("score_vs_speedup.png", "percent_of_teacher.png", "loss_sst2.png"):
         assert f"]({name})" in report
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "†" not in report  # figures without a load record (before it was kept) are taken as clean
+
+
+def test_a_speedup_timed_on_shared_cores_is_marked_in_the_report(tmp_path):
+    """An all-thread figure taken beside a one-thread training (2 threads + 1 core busy elsewhere on 2 cores) timed
+    the sharing: a 101x speedup was once reported that way. Its speedup is marked; the 1-thread one beside it is not."""
+    record = fixture_record("kd", "S3-384", 0.85, 0.845, 6.0)
+    for who in ("student", "teacher"):
+        for figure in record["speed"]["formats"]["onnx_int8"][who].values():
+            figure |= {"other_cores_busy": 1.0, "cores": 2}
+    report = render_report([record], tmp_path, title="Fixture").read_text()
+    assert "| kd | S3-384 | ONNX int8 | 0.8450 | 1.00 / 1.50 | 4.00× | 1.00 / 1.50 | 3.00×† | 1800 | 6.00×† |" in report
+    assert "| kd | S3-384 | PyTorch fp32 | 0.8500 | 5.00 / 6.00 | 2.00× | 5.00 / 6.00 | 2.00× |" in report
+    assert "†: timed while other processes kept the cores busy" in report
+
+
+def test_a_figure_records_the_cores_other_processes_kept_busy():
+    """A process spinning beside the timed block shows up as about one core busy elsewhere; the timing's own
+    thread does not count."""
+    import subprocess
+    import sys
+
+    from distilkit.evaluate.speed import cores_busy_elsewhere
+
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.5)  # the spinner has started
+        load = {}
+        with cores_busy_elsewhere(load):
+            time.sleep(1.0)
+    finally:
+        spinner.kill()
+    assert load["cores"] == os.cpu_count() and load["other_cores_busy"] >= 0.7
 
 
 

@@ -161,8 +161,10 @@ def test_the_protocol_table_of_squad_scores_gains_in_its_own_points():
 def test_the_across_tasks_line_averages_each_arms_percent_of_teacher_once_every_task_has_a_run():
     """Issue 22's goal is an average over tasks of a method that differs by task (kd's pairs, kd's pool): before this
     line, that average was worked out by hand from three tables."""
-    def timed(record, speedup):
-        return record | {"speed": {"formats": {"pytorch_fp32": {"speedup": {"latency_1_thread": speedup}}}}}
+    def timed(record, speedup, busy_elsewhere=0.0):
+        figure = {"latency_1_thread": {"threads": 1, "other_cores_busy": busy_elsewhere, "cores": 2}}
+        return record | {"speed": {"formats": {"pytorch_fp32": {"speedup": {"latency_1_thread": speedup},
+                                                                "student": figure, "teacher": figure}}}}
 
     runs = {"teacher-sst2": _record("sst2", 42, 0.90), "teacher-mrpc": _record("mrpc", 42, 0.80)}
     for seed, suffix in ((42, ""), (1, "-seed1")):
@@ -179,6 +181,10 @@ def test_the_across_tasks_line_averages_each_arms_percent_of_teacher_once_every_
     assert lines[-2] == "| labels only | 90.0% (finetune, 2 seeds) | 95.0% (finetune, 2 seeds) | 92.5% | – |"
     # kd: 0.88/0.90 = 97.78 %, (100 + 97.5) / 2 = 98.75 %: 98.3 %, slowest 6.0×
     assert lines[-1] == "| kd's default | 97.8% (kd-pool, 1 seed) | 98.8% (kd-pairs, 2 seeds) | 98.3% | 6.0× |"
+    # the same speedup timed beside another job on both cores (1 thread + 1.5 busy elsewhere > 2 cores) is marked
+    runs["sst2-kd-pool-S"] = timed(_record("sst2", 42, 0.88), 6.0, busy_elsewhere=1.5)
+    lines = protocol_table(runs, spec)
+    assert lines[-3].endswith("| 98.3% | 6.0×† |") and lines[-1].startswith("†: timed while other processes")
     del runs["sst2-kd-pool-S"]
     assert protocol_table(runs, spec)[-1] == "| kd's default | – | 98.8% (kd-pairs, 2 seeds) | – | – |"
     # a task without labels-only runs has no row above, and still counts as a task the average lacks

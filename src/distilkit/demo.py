@@ -29,7 +29,7 @@ def demo_overrides(data: str | None, output: Path, budget: str, seed: int | None
 
 def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: list[str] | None = None,
              seed: int | None = None) -> dict:
-    from distilkit.evaluate.speed import pytorch_runner, side_by_side
+    from distilkit.evaluate.speed import oversubscribed, pytorch_runner, side_by_side
     from distilkit.models.student import load_student
     from distilkit.plans import Plans, load_plan
     from distilkit.run import model_split
@@ -62,6 +62,9 @@ def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: li
                       f"{s['latency_1_thread']['p50_ms']:.1f}", f"{s['speedup']['latency_1_thread']:.2f}×",
                       f"{s['throughput_batch_32']['sentences_per_second']:.0f}")
     Console().print(table)
+    if any(oversubscribed(figure) for s in speed.values() for key, figure in s.items() if key != "speedup"):
+        console.print("[yellow]timed while other processes kept the cores busy: the speedups measure the sharing, "
+                      "not the models; time them alone (README, Troubleshooting: two runs on one CPU)[/]")
     (Path(output) / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"written: {Path(output) / 'summary.json'}")
     return summary

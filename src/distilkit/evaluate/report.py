@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from distilkit.data.tasks import is_count
+from distilkit.evaluate.speed import oversubscribed
 
 FORMAT_NAMES = {"pytorch_fp32": "PyTorch fp32", "pytorch_bf16": "PyTorch bf16", "onnx_fp32": "ONNX fp32",
                 "onnx_int8": "ONNX int8"}
@@ -58,6 +59,15 @@ def results_table(records: list[dict]) -> list[str]:
     return lines
 
 
+SHARED_NOTE = ("†: timed while other processes kept the cores busy (threads + cores busy elsewhere > the "
+               "machine's cores), so it measures the sharing, not the model; rerun the cell alone to time it.")
+
+
+def shared_mark(format_record: dict, figure: str) -> str:
+    """† when the student's or the teacher's figure of a speedup was oversubscribed."""
+    return "†" if any(oversubscribed(format_record[who][figure]) for who in ("student", "teacher")) else ""
+
+
 def speed_table(records: list[dict]) -> list[str]:
     """Per format: the student's latency and throughput, its speedups over the teacher in that format,
     its throughput over its own PyTorch fp32 throughput, and its dev score in that format."""
@@ -72,12 +82,15 @@ def speed_table(records: list[dict]) -> list[str]:
             per_second = s["throughput_batch_32"]["sentences_per_second"]
             vs_fp32 = per_second / own_fp32["sentences_per_second"] if own_fp32 else None
             efficiency = up["latency_1_thread"] / r["flop_ratio"] if r["flop_ratio"] else None
+            mark = partial(shared_mark, m)
             lines.append(
                 f"| {r['method']} | {r['student']} | {FORMAT_NAMES[fmt]} | {m['student_dev'][r['dev']['metric']]:.4f} "
-                f"| {one['p50_ms']:.2f} / {one['p95_ms']:.2f} | {up['latency_1_thread']:.2f}× "
-                f"| {every['p50_ms']:.2f} / {every['p95_ms']:.2f} | {up['latency_all_threads']:.2f}× "
-                f"| {per_second:.0f} | {up['throughput_batch_32']:.2f}× | {_fmt(vs_fp32)}× | {_fmt(efficiency)} |")
-    return lines
+                f"| {one['p50_ms']:.2f} / {one['p95_ms']:.2f} | {up['latency_1_thread']:.2f}×{mark('latency_1_thread')} "
+                f"| {every['p50_ms']:.2f} / {every['p95_ms']:.2f} "
+                f"| {up['latency_all_threads']:.2f}×{mark('latency_all_threads')} | {per_second:.0f} "
+                f"| {up['throughput_batch_32']:.2f}×{mark('throughput_batch_32')} | {_fmt(vs_fp32)}× "
+                f"| {_fmt(efficiency)} |")
+    return lines + (["", SHARED_NOTE] if any("†" in line for line in lines) else [])
 
 
 def plot_score_vs_speedup(records: list[dict], path: Path) -> Path:
@@ -478,6 +491,7 @@ def across_tasks_table(runs: dict[str, dict], teachers: dict[str, dict | None], 
     lines = ["", f"{student} across the tasks: mean % of the teacher per task (seeds), their average, and the lowest "
              "batch-1 speedup over the teacher (PyTorch fp32, 1 thread, mean over the seeds timed)", "",
              "| arm | " + " | ".join(tasks) + " | average | batch-1 speedup |", "|---|" + "---|" * (len(tasks) + 2)]
+    shared = False
     for arm, methods in arms.items():
         means, speedups, cells = {}, [], []
         for task in tasks:
@@ -488,15 +502,19 @@ def across_tasks_table(runs: dict[str, dict], teachers: dict[str, dict | None], 
             if found:
                 means[task] = (statistics.mean(p for p, _ in found), len(found))
                 measured = [_measured(r) for _, r in found if "speed" in r]  # a skipped format has no speedup
-                timed = [m["pytorch_fp32"]["speedup"]["latency_1_thread"] for m in measured if "pytorch_fp32" in m]
-                speedups.append(statistics.mean(timed) if timed else None)
+                timed = [m["pytorch_fp32"] for m in measured if "pytorch_fp32" in m]
+                speedups.append((statistics.mean(m["speedup"]["latency_1_thread"] for m in timed),
+                                 any(shared_mark(m, "latency_1_thread") for m in timed)) if timed else None)
             cells.append(f"{means[task][0]:.1f}% ({methods[task]}{seed_count(means[task][1])})" if task in means
                          else "–")
         complete = len(means) == len(tasks)
         average = f"{statistics.mean(m for m, _ in means.values()):.1f}%" if complete else "–"
-        slowest = f"{min(speedups):.1f}×" if complete and None not in speedups else "–"
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {average} | {slowest} |")
-    return lines
+        slowest = min(speedups) if complete and None not in speedups else None
+        marked = slowest is not None and slowest[1]
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {average} | "
+                     + (f"{slowest[0]:.1f}×{'†' if marked else ''}" if slowest else "–") + " |")
+        shared = shared or marked
+    return lines + (["", SHARED_NOTE] if shared else [])
 
 
 def plot_pairs(pairs: dict[str, list], spec: dict, path: Path) -> None:

@@ -3,7 +3,9 @@
 Latency is per sentence at batch 1 (p50/p95 over repeats, after warm-up), with 1 thread and with
 all threads; throughput is sentences/s at batch 32 over the dev sentences in dataset order
 (dynamic padding, no sorting: what a server sees). Compare two models only as a ratio measured in
-the same process, one after the other: this machine's timings drift from run to run.
+the same process, one after the other: this machine's timings drift from run to run. Each figure
+records how many cores other processes kept busy while it was taken, so that one taken on shared cores
+can be told apart (a training run beside it made a 2-thread latency here 16x slower).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
+import psutil
 import torch
 
 from distilkit.data.dataset import TokenizedDataset
@@ -32,6 +35,34 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
+def _busy_cpu_seconds() -> float:
+    """Every core's non-idle time; steal (a hypervisor giving the core to another machine) counts as busy elsewhere.
+    Linux's guest times are already inside user and nice, so they are not added again."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+@contextmanager
+def cores_busy_elsewhere(into: dict):
+    """Writes `other_cores_busy` into `into`: the CPU time other processes used during the block, in cores
+    (this process's own threads subtracted), and the machine's `cores`, so a figure taken beside another job says so."""
+    this = psutil.Process()
+    start, busy, own = time.perf_counter(), _busy_cpu_seconds(), sum(this.cpu_times()[:2])
+    yield
+    elapsed = time.perf_counter() - start
+    others = (_busy_cpu_seconds() - busy) - (sum(this.cpu_times()[:2]) - own)
+    into["other_cores_busy"] = round(max(0.0, others / elapsed), 2) if elapsed > 0 else 0.0
+    into["cores"] = all_threads()
+
+
+def oversubscribed(figure: dict) -> bool:
+    """A figure whose threads plus the cores busy elsewhere exceed the machine's cores (a quarter core of slack for
+    background noise): it timed sharing, not the model. Figures from before this was recorded are taken as clean."""
+    if "other_cores_busy" not in figure:
+        return False
+    return figure["threads"] + figure["other_cores_busy"] > figure["cores"] + 0.25
+
+
 def _batches(dataset: TokenizedDataset, batch_size: int, limit: int | None = None) -> list[dict]:
     n = len(dataset) if limit is None else min(limit, len(dataset))
     return [dataset.collate([dataset[i] for i in range(s, min(s + batch_size, n))]) for s in range(0, n, batch_size)]
@@ -40,32 +71,34 @@ def _batches(dataset: TokenizedDataset, batch_size: int, limit: int | None = Non
 def latency_ms(forward: Callable[[dict], object], dataset: TokenizedDataset, sentences: int = 100,
                warmup: int = 10, threads: int | None = None) -> dict:
     batches = _batches(dataset, 1, sentences)
-    times = []
+    times, load = [], {}
     with torch_threads(threads), torch.inference_mode():
         for batch in batches[:warmup]:
             forward(batch)
-        for batch in batches:
-            start = time.perf_counter()
-            forward(batch)
-            times.append((time.perf_counter() - start) * 1000)
+        with cores_busy_elsewhere(load):
+            for batch in batches:
+                start = time.perf_counter()
+                forward(batch)
+                times.append((time.perf_counter() - start) * 1000)
     return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95)),
-            "sentences": len(times), "warmup": warmup, "threads": threads or torch.get_num_threads()}
+            "sentences": len(times), "warmup": warmup, "threads": threads or torch.get_num_threads()} | load
 
 
 def throughput(forward: Callable[[dict], object], dataset: TokenizedDataset, batch_size: int = 32,
                limit: int | None = 512, warmup: int = 2, threads: int | None = None) -> dict:
-    batches = _batches(dataset, batch_size, limit)
+    batches, load = _batches(dataset, batch_size, limit), {}
     with torch_threads(threads), torch.inference_mode():
         for batch in batches[:warmup]:
             forward(batch)
-        start = time.perf_counter()
-        count = 0
-        for batch in batches:
-            forward(batch)
-            count += batch["input_ids"].shape[0]
-        seconds = time.perf_counter() - start
+        with cores_busy_elsewhere(load):
+            start = time.perf_counter()
+            count = 0
+            for batch in batches:
+                forward(batch)
+                count += batch["input_ids"].shape[0]
+            seconds = time.perf_counter() - start
     return {"sentences_per_second": count / seconds, "sentences": count, "batch_size": batch_size,
-            "threads": threads or torch.get_num_threads()}
+            "threads": threads or torch.get_num_threads()} | load
 
 
 def transformer_flops(shape: dict[str, int], sequence_length: float) -> float:
