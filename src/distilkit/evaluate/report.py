@@ -85,7 +85,8 @@ def speed_table(records: list[dict]) -> list[str]:
             mark = partial(shared_mark, m)
             lines.append(
                 f"| {r['method']} | {r['student']} | {FORMAT_NAMES[fmt]} | {m['student_dev'][r['dev']['metric']]:.4f} "
-                f"| {one['p50_ms']:.2f} / {one['p95_ms']:.2f} | {up['latency_1_thread']:.2f}×{mark('latency_1_thread')} "
+                f"| {one['p50_ms']:.2f} / {one['p95_ms']:.2f} "
+                f"| {up['latency_1_thread']:.2f}×{mark('latency_1_thread')} "
                 f"| {every['p50_ms']:.2f} / {every['p95_ms']:.2f} "
                 f"| {up['latency_all_threads']:.2f}×{mark('latency_all_threads')} | {per_second:.0f} "
                 f"| {up['throughput_batch_32']:.2f}×{mark('throughput_batch_32')} | {_fmt(vs_fp32)}× "
