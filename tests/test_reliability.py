@@ -455,6 +455,24 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
     assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))
 
 
+
+def test_a_run_resumed_on_another_kind_of_machine_keeps_the_first_one_and_says_so(tmp_path, glue_dir, tiny_teacher,
+                                                                                   monkeypatch, capsys):
+    """Runs repeat bit for bit only on one kind of CPU: a run stopped on one and resumed on another must not be recorded
+    as the second machine's alone (env.json was overwritten on resume)."""
+    import distilkit.run as run_module
+
+    config = tiny_config(glue_dir, tiny_teacher, tmp_path / "run", max_steps=6, checkpoint_every=2)
+    crash_after_checkpoint(config, monkeypatch, step=4)
+    first = json.loads((tmp_path / "run" / "env.json").read_text())
+    real = run_module.environment
+    monkeypatch.setattr(run_module, "environment", lambda: real() | {"cpu": "Another CPU", "amx": not first["amx"]})
+    run_experiment(build_config(config))
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["cpu"] == "Another CPU" and env["earlier"] == [first]
+    assert "ran on another machine" in capsys.readouterr().err
+
+
 # --- checkpoints -------------------------------------------------------------------------------------
 
 def test_truncated_checkpoint_is_named_and_the_previous_one_is_used(tmp_path, glue_dir, tiny_teacher, monkeypatch,

@@ -106,8 +106,27 @@ class OutputDir:
         self._started = True
         remove_leftovers(out)
         (out / CONFIG_FILE).write_text(self.resolved_config)
-        (out / "env.json").write_text(json.dumps(environment, indent=2))
+        (out / "env.json").write_text(json.dumps(with_earlier_machines(out, environment), indent=2))
         return out
+
+
+MACHINE_FIELDS = ("cpu", "amx", "native_bf16", "torch")  # what makes one config train bit for bit the same
+
+
+def with_earlier_machines(out: Path, environment: dict) -> dict:
+    """A run resumed from a checkpoint written on another kind of machine keeps that machine under `earlier`, and
+    says so: runs repeat bit for bit only on one kind, so its record must not name the last machine alone."""
+    path = out / "env.json"
+    if not path.is_file() or latest_checkpoint(out) is None:
+        return environment
+    before = json.loads(path.read_text())
+    earlier = before.pop("earlier", [])
+    if any(before.get(field) != environment.get(field) for field in MACHINE_FIELDS):
+        print(f"note: {out} resumes a run whose earlier steps ran on another machine ({before.get('cpu')}, amx "
+              f"{before.get('amx')}, torch {before.get('torch')}); it is kept under 'earlier' in env.json, and this "
+              "run will not repeat bit for bit one made on a single machine", file=sys.stderr)
+        earlier = earlier + [before]
+    return environment | {"earlier": earlier} if earlier else environment
 
 
 def remove_leftovers(out: Path) -> None:
