@@ -118,6 +118,20 @@ def _matmul_seconds(dtype: torch.dtype) -> float:
         torch.set_num_threads(threads)
 
 
+def machine_kind(environment: dict) -> str | None:
+    """The kind of machine a run trained on (from its `environment()`), as far as it decides the numbers: the CPU and
+    the instruction set torch used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions.
+    An Intel Xeon with AMX and one without share a name and torch's capability (AVX512) but not their bf16 kernels
+    (the STS-B teacher: Pearson 0.84677 with AMX, 0.84867 without), so an Intel CPU says which it is; environments
+    written before `amx` was recorded (2026-11-29) say neither, and pair with neither. AMD has no AMX."""
+    if not environment.get("cpu"):
+        return None
+    amx = None if "amx" not in environment or "AMD" in environment["cpu"] else \
+        "AMX" if environment["amx"] else "no AMX"
+    return ", ".join(str(v) for v in (environment["cpu"], environment.get("cpu_capability"), amx,
+                                      environment.get("torch"), environment.get("transformers")) if v)
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

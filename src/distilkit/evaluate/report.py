@@ -12,6 +12,7 @@ from pathlib import Path
 
 from distilkit.data.tasks import is_count
 from distilkit.evaluate.speed import oversubscribed
+from distilkit.machine import machine_kind
 
 FORMAT_NAMES = {"pytorch_fp32": "PyTorch fp32", "pytorch_bf16": "PyTorch bf16", "onnx_fp32": "ONNX fp32",
                 "onnx_int8": "ONNX int8"}
@@ -299,17 +300,8 @@ def machine(records: list[dict]) -> str:
 
 
 def cpu(record: dict) -> str | None:
-    """The kind of machine a run trained on, as far as it decides the numbers: the CPU and the instruction set torch
-    used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions. An Intel Xeon with AMX
-    and one without share a name and torch's capability (AVX512) but not their bf16 kernels (the STS-B teacher:
-    Pearson 0.84677 with AMX, 0.84867 without), so an Intel CPU says which it is; records written before `amx` was
-    recorded (2026-11-29) say neither, and pair with neither. AMD has no AMX."""
-    env = record.get("environment", {})
-    if not env.get("cpu"):
-        return None
-    amx = None if "amx" not in env or "AMD" in env["cpu"] else "AMX" if env["amx"] else "no AMX"
-    return ", ".join(str(v) for v in (env["cpu"], env.get("cpu_capability"), amx, env.get("torch"),
-                                      env.get("transformers")) if v)
+    """The kind of machine a record's run trained on (`machine_kind`): runs pair only on one kind."""
+    return machine_kind(record.get("environment", {}))
 
 
 def runs_table(runs: dict[str, dict]) -> list[str]:

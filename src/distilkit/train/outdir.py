@@ -20,7 +20,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from distilkit.config import same_config
-from distilkit.machine import move_aside
+from distilkit.machine import machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
@@ -110,9 +110,6 @@ class OutputDir:
         return out
 
 
-MACHINE_FIELDS = ("cpu", "amx", "native_bf16", "torch")  # what makes one config train bit for bit the same
-
-
 def with_earlier_machines(out: Path, environment: dict) -> dict:
     """A run resumed from a checkpoint written on another kind of machine keeps that machine under `earlier`, and
     says so: runs repeat bit for bit only on one kind, so its record must not name the last machine alone."""
@@ -121,10 +118,10 @@ def with_earlier_machines(out: Path, environment: dict) -> dict:
         return environment
     before = json.loads(path.read_text())
     earlier = before.pop("earlier", [])
-    if any(before.get(field) != environment.get(field) for field in MACHINE_FIELDS):
-        print(f"note: {out} resumes a run whose earlier steps ran on another machine ({before.get('cpu')}, amx "
-              f"{before.get('amx')}, torch {before.get('torch')}); it is kept under 'earlier' in env.json, and this "
-              "run will not repeat bit for bit one made on a single machine", file=sys.stderr)
+    if machine_kind(before) != machine_kind(environment):
+        print(f"note: {out} resumes a run whose earlier steps ran on another machine ({machine_kind(before)}); it "
+              "is kept under 'earlier' in env.json, and this run will not repeat bit for bit one made on a single "
+              "machine", file=sys.stderr)
         earlier = earlier + [before]
     return environment | {"earlier": earlier} if earlier else environment
 
