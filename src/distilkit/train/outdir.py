@@ -20,7 +20,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from distilkit.config import same_config
-from distilkit.machine import machine_kind, move_aside
+from distilkit.machine import atomic_write_text, machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
@@ -106,7 +106,8 @@ class OutputDir:
         self._started = True
         remove_leftovers(out)
         (out / CONFIG_FILE).write_text(self.resolved_config)
-        (out / "env.json").write_text(json.dumps(with_earlier_machines(out, environment), indent=2))
+        # whole or not at all: a resumed run reads it back (`with_earlier_machines`)
+        atomic_write_text(out / "env.json", json.dumps(with_earlier_machines(out, environment), indent=2))
         return out
 
 
