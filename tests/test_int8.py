@@ -26,12 +26,16 @@ def test_agreement_counts_unchanged_predictions_and_bounds_the_pearson_change():
     fp32 = np.array([[2.0, 1.0], [0.0, 1.0], [1.0, 0.9], [3.0, 0.0]])
     int8 = np.array([[1.9, 1.1], [0.1, 1.0], [0.8, 0.9], [2.0, 1.0]])  # row 3's arg-max flips; row 4 ties -> 0
     assert int8_agreement(fp32, int8) == 0.75
-    # regression: f centred = (-1, 0, 1), the change e = (0.02, -0.01, -0.01) (mean 0, so centred as is):
-    # 1 - |e| / |f| = 1 - sqrt(0.0006) / sqrt(2)
+    # regression: f centred = (-1, 0, 1), int8 centred = (-0.98, -0.01, 0.99) (mean 2.0 -> 2.0): the angle between
+    # them is arccos(f.q / |f||q|) = arccos(1.97 / (sqrt(2) * sqrt(1.9406))), and agreement is 1 minus it
     f, q = np.array([[1.0], [2.0], [3.0]]), np.array([[1.02], [1.99], [2.99]])
-    assert int8_agreement(f, q) == pytest.approx(1 - np.sqrt(0.0006) / np.sqrt(2))
-    # a shift of every prediction changes no correlation: agreement 1
+    assert int8_agreement(f, q) == pytest.approx(1 - np.arccos(1.97 / np.sqrt(2 * 1.9406)))
+    # it bounds how far Pearson's r with any labels moves: here, with labels y
+    y = np.array([1.0, 3.0, 2.5])
+    assert abs(np.corrcoef(q[:, 0], y)[0, 1] - np.corrcoef(f[:, 0], y)[0, 1]) <= 1 - int8_agreement(f, q)
+    # neither a shift nor a scaling of every prediction changes a correlation: agreement 1
     assert int8_agreement(f, f + 0.5) == pytest.approx(1.0)
+    assert int8_agreement(f, 0.85 * f) == pytest.approx(1.0)
 
 
 @pytest.fixture(scope="module")
