@@ -455,7 +455,6 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
     assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))
 
 
-
 def test_a_run_resumed_on_another_kind_of_machine_keeps_the_first_one_and_says_so(tmp_path, glue_dir, tiny_teacher,
                                                                                    monkeypatch, capsys):
     """Runs repeat bit for bit only on one kind of CPU: a run stopped on one and resumed on another must not be recorded
