@@ -12,7 +12,9 @@ apart: with `train.compile` it is the compilation). Only speed is measured (the 
 --teacher names a fine-tuned one); every arm's loss per step is recorded, to compare the curves.
 `--job demo` times the README demo's student instead: S3-384 with layers 1, 3, 5 of the T6 teacher, Hinton KD
 (T=2), max length 128. `--job squad` times the squad plan's teacher run: all-MiniLM-L6-v2 fine-tuned on SQuAD v1.1
-windows of 384 tokens (stride 128), labels only. An arm named `...-noattndrop` trains without attention dropout
+windows of 384 tokens (stride 128), labels only. `--job base-teacher` times the base-teacher plan's l3 student: 3 of
+the MPNet T12's layers (`--teacher benchmarks/work/bench/base-teacher/teachers/stsb/best`) on STS-B's pairs, labels
+only, max length 128. An arm named `...-noattndrop` trains without attention dropout
 (BERT's attention modules), which lets SDPA run its fused kernel in training instead of the math one.
 
     python benchmarks/profile_step.py --steps 30 --arms padded-random packed-random padded-bucketed
@@ -69,6 +71,16 @@ def job_config(args, bucket_batches: int) -> dict:
                 "data": {"dir": args.data, "max_length": 384, "max_train_examples": args.examples,
                          "bucket_batches": bucket_batches},
                 "student": {"init": "pretrained", "pretrained": "minilm-l6"},
+                "method": {"name": "finetune"},
+                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
+                          "threads": args.threads},
+                "output": {"dir": "/tmp/unused"}}
+    if args.job == "base-teacher":
+        return {"task": {"name": "stsb"},
+                "data": {"dir": args.data, "max_length": 128, "max_train_examples": args.examples,
+                         "bucket_batches": bucket_batches},
+                "teacher": {"model": args.teacher},
+                "student": {"init": "teacher_layers", "layers": 3},
                 "method": {"name": "finetune"},
                 "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
                           "threads": args.threads},
@@ -161,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["padded-random", "packed-random", "padded-bucketed"],
                         choices=list(ARMS))
-    parser.add_argument("--job", choices=["vs-textbrewer", "demo", "squad"], default="vs-textbrewer")
+    parser.add_argument("--job", choices=["vs-textbrewer", "demo", "squad", "base-teacher"], default="vs-textbrewer")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--examples", type=int, default=4000)

@@ -163,7 +163,9 @@ class MPNet(Family):
     """MPNet adds a relative position bias to Q·Kᵀ/√d inside its own attention module."""
 
     name, model_types = "mpnet", ("mpnet",)
-    first_position = None
+    # positions count from padding_idx + 1, and MPNet's embeddings fix padding_idx at 1 whatever the config says;
+    # its relative position bias depends on offsets only, the same within a packed row as in a padded one
+    first_position = staticmethod(lambda config: 2)
     attention_path = "attention.attn"
     uses_attention_interface = False
 

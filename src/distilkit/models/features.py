@@ -176,9 +176,14 @@ class PackedLayout:
         """(rows, H, row_length, row_length) -> (B, H, T, T): each sequence's diagonal block, zeros at padding."""
         return _UnpackScores.apply(scores, self)
 
-    def attention_mask(self) -> torch.Tensor:
-        """(rows, 1, row_length, row_length) boolean block-diagonal mask (True = may attend)."""
-        return (self.block[:, :, None] == self.block[:, None, :]).unsqueeze(1)
+    def attention_mask(self, additive: bool = False) -> torch.Tensor:
+        """(rows, 1, row_length, row_length) block-diagonal mask: boolean (True = may attend) for the transformers
+        attention interface; `additive`, 0 or the float minimum, for attention modules that add it to their
+        scores themselves (MPNet's)."""
+        allowed = (self.block[:, :, None] == self.block[:, None, :]).unsqueeze(1)
+        if not additive:
+            return allowed
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 class _UnpackScores(torch.autograd.Function):
@@ -313,7 +318,7 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
     layout = PackedLayout.of(batch["attention_mask"], PACKED_ROW_TOKENS) if packed and packs(model) else None
     if layout is not None:
         inputs = {name: layout.pack(value) for name, value in inputs.items() if name != "attention_mask"}
-        inputs["attention_mask"] = layout.attention_mask()
+        inputs["attention_mask"] = layout.attention_mask(additive=not family.uses_attention_interface)
         inputs["position_ids"] = layout.position + family.first_position(model.config)
         if embedding_delta is not None:
             embedding_delta = layout.pack(embedding_delta)
