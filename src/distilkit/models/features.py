@@ -176,14 +176,15 @@ class PackedLayout:
         """(rows, H, row_length, row_length) -> (B, H, T, T): each sequence's diagonal block, zeros at padding."""
         return _UnpackScores.apply(scores, self)
 
-    def attention_mask(self, additive: bool = False) -> torch.Tensor:
+    def attention_mask(self, additive: torch.dtype | None = None) -> torch.Tensor:
         """(rows, 1, row_length, row_length) block-diagonal mask: boolean (True = may attend) for the transformers
-        attention interface; `additive`, 0 or the float minimum, for attention modules that add it to their
-        scores themselves (MPNet's)."""
+        attention interface; with `additive` a dtype, 0 or that dtype's minimum, for attention modules that add it
+        to their scores themselves (MPNet's)."""
         allowed = (self.block[:, :, None] == self.block[:, None, :]).unsqueeze(1)
-        if not additive:
+        if additive is None:
             return allowed
-        return torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return torch.zeros(allowed.shape, dtype=additive, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(additive).min)
 
 
 class _UnpackScores(torch.autograd.Function):
@@ -318,7 +319,9 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
     layout = PackedLayout.of(batch["attention_mask"], PACKED_ROW_TOKENS) if packed and packs(model) else None
     if layout is not None:
         inputs = {name: layout.pack(value) for name, value in inputs.items() if name != "attention_mask"}
-        inputs["attention_mask"] = layout.attention_mask(additive=not family.uses_attention_interface)
+        # a family's own attention adds the mask to its scores, in the model's dtype (HF's padded masks do the same)
+        additive = None if family.uses_attention_interface else next(model.parameters()).dtype
+        inputs["attention_mask"] = layout.attention_mask(additive)
         inputs["position_ids"] = layout.position + family.first_position(model.config)
         if embedding_delta is not None:
             embedding_delta = layout.pack(embedding_delta)
