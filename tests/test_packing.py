@@ -13,7 +13,7 @@ from distilkit.models import features as features_module
 from distilkit.models.features import FeatureRequest, PackedLayout, encoder_features
 from tiny_families import FAMILY_NAMES, save_family_model
 
-PACKING = {"bert", "roberta", "xlm-roberta", "electra", "mpnet"}
+PACKING = {"bert", "roberta", "xlm-roberta", "electra", "mpnet", "distilbert"}
 EVERYTHING = FeatureRequest(hidden=frozenset({0, 1, 2}), attention=frozenset({1, 2}), logits=True)
 TEXTS = ["the film was good .", "bad", "a dull , slow and bad film that was not good", "good good film ."]
 PAIRS = (["the film", "bad", "a dull film ."], ["was good .", "a slow , dull and bad film", "good"])

@@ -153,7 +153,6 @@ class Electra(Family):
 
 class DistilBert(Family):
     name, model_types = "distilbert", ("distilbert",)
-    first_position = None
     layers_path = "transformer.layer"
     attention_path = "attention"
     config_names = {"layers": "n_layers", "hidden": "dim", "heads": "n_heads", "ffn": "hidden_dim"}
