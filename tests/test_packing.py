@@ -7,13 +7,13 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from distilkit.models import features as features_module
 from distilkit.models.features import FeatureRequest, PackedLayout, encoder_features
 from tiny_families import FAMILY_NAMES, save_family_model
 
-PACKING = {"bert", "roberta", "xlm-roberta", "electra", "mpnet", "distilbert"}
+PACKING = {"bert", "roberta", "xlm-roberta", "electra", "mpnet", "distilbert", "deberta-v2"}
 EVERYTHING = FeatureRequest(hidden=frozenset({0, 1, 2}), attention=frozenset({1, 2}), logits=True)
 TEXTS = ["the film was good .", "bad", "a dull , slow and bad film that was not good", "good good film ."]
 PAIRS = (["the film", "bad", "a dull film ."], ["was good .", "a slow , dull and bad film", "good"])
@@ -198,3 +198,17 @@ def test_mpnet_packs_in_half_precision(family_models):
     packed = encoder_features(model, batch, request, packed=True)
     assert packed.logits.dtype == torch.bfloat16
     torch.testing.assert_close(packed.logits, padded.logits, atol=1e-2, rtol=1e-2)
+
+
+def test_deberta_with_a_convolution_runs_padded(family_models):
+    """DeBERTa-v2-xlarge-style models convolve layer 1's output along the sequence, which in a packed row would
+    mix neighbouring sequences: they run padded, with the padded pass's logits."""
+    path = family_models["deberta-v2"]
+    config = AutoConfig.from_pretrained(path)
+    config.conv_kernel_size = 3  # what deberta-v2-xlarge's config.json says
+    model = AutoModelForSequenceClassification.from_pretrained(path, config=config).eval()
+    batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt"))
+    assert not features_module.packs(model)
+    packed = encoder_features(model, batch, EVERYTHING, packed=True)
+    padded = encoder_features(model, batch, EVERYTHING)
+    torch.testing.assert_close(packed.logits, padded.logits, rtol=0, atol=0)

@@ -99,6 +99,15 @@ class Family:
         """Extra hooks the score computation of `layers` needs (DeBERTa: the dropped-out relative embeddings)."""
         return []
 
+    def packed_attention_mask(self, model: nn.Module, layout) -> torch.Tensor:
+        """The block-diagonal mask a packed pass gives the model: boolean, as the transformers attention interface
+        (and DeBERTa's own attention) takes it."""
+        return layout.attention_mask()
+
+    def packed_hooks(self, model: nn.Module, layout) -> list:
+        """Hooks a packed pass needs beyond the 4-D mask and position ids (none for BERT)."""
+        return []
+
     def model_inputs(self, model: nn.Module, batch: dict) -> dict:
         """The batch entries the model's forward takes (DistilBERT, MPNet, ModernBERT have no token types)."""
         accepted = inspect.signature(model.forward).parameters
@@ -165,6 +174,11 @@ class MPNet(Family):
     # positions count from padding_idx + 1, and MPNet's embeddings fix padding_idx at 1 whatever the config says;
     # its relative position bias depends on offsets only, the same within a packed row as in a padded one
     first_position = staticmethod(lambda config: 2)
+
+    def packed_attention_mask(self, model, layout):
+        """MPNet's attention adds the mask to its scores: 0 or the minimum of the model's dtype, as its padded
+        pass builds it (a float32 mask would turn a half-precision model's scores float32)."""
+        return layout.attention_mask(additive=next(model.parameters()).dtype)
     attention_path = "attention.attn"
     uses_attention_interface = False
 
@@ -182,8 +196,20 @@ class DebertaV2(Family):
     """DeBERTa-v2/v3: disentangled attention, (QcKcᵀ + c2p + p2c)/√(d·k) with k = 1 + number of relative terms."""
 
     name, model_types = "deberta-v2", ("deberta-v2",)
-    first_position = None
+    # relative positions only (offsets, the same in a packed row); the convolution of v2-xlarge-style models after
+    # layer 1 would run across the sequences of a row, so those run padded
+    first_position = staticmethod(lambda config: None if getattr(config, "conv_kernel_size", 0) else 0)
     uses_attention_interface = False
+
+    def packed_hooks(self, model, layout):
+        """DeBERTa's embeddings zero the padding with the mask the model was given: packed, the block-diagonal
+        mask is 4-D, so they get each slot's own (a real token or not) instead."""
+        real = layout.real_tokens()
+
+        def slot_mask(module, args, kwargs):
+            return args, {**kwargs, "mask": real}
+
+        return [self.base(model).embeddings.register_forward_pre_hook(slot_mask, with_kwargs=True)]
 
     def score_hooks(self, model, layers):
         """The relative embeddings as the attention saw them (after its dropout, active while training)."""

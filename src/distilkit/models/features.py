@@ -176,6 +176,10 @@ class PackedLayout:
         """(rows, H, row_length, row_length) -> (B, H, T, T): each sequence's diagonal block, zeros at padding."""
         return _UnpackScores.apply(scores, self)
 
+    def real_tokens(self) -> torch.Tensor:
+        """(rows, row_length): 1 where a sequence's token sits, 0 in a row's padding."""
+        return (self.block < self.batch).long()
+
     def attention_mask(self, additive: torch.dtype | None = None) -> torch.Tensor:
         """(rows, 1, row_length, row_length) block-diagonal mask: boolean (True = may attend) for the transformers
         attention interface; with `additive` a dtype, 0 or that dtype's minimum, for attention modules that add it
@@ -216,7 +220,8 @@ class _UnpackScores(torch.autograd.Function):
 def packs(model: nn.Module) -> bool:
     """Whether this model's family runs packed (see `Family.first_position`); logs once when it does not."""
     family = family_of(model)
-    if family.first_position is not None and model.config.model_type in family.model_types:
+    if family.first_position is not None and family.first_position(model.config) is not None \
+            and model.config.model_type in family.model_types:
         return True
     if family.name not in _LOGGED_UNPACKED:
         _LOGGED_UNPACKED.add(family.name)
@@ -319,9 +324,7 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
     layout = PackedLayout.of(batch["attention_mask"], PACKED_ROW_TOKENS) if packed and packs(model) else None
     if layout is not None:
         inputs = {name: layout.pack(value) for name, value in inputs.items() if name != "attention_mask"}
-        # a family's own attention adds the mask to its scores, in the model's dtype (HF's padded masks do the same)
-        additive = None if family.uses_attention_interface else next(model.parameters()).dtype
-        inputs["attention_mask"] = layout.attention_mask(additive)
+        inputs["attention_mask"] = family.packed_attention_mask(model, layout)
         inputs["position_ids"] = layout.position + family.first_position(model.config)
         if embedding_delta is not None:
             embedding_delta = layout.pack(embedding_delta)
@@ -361,6 +364,8 @@ def encoder_features(model: nn.Module, batch: dict, request: FeatureRequest,
             hooks.append(family.output_module(model, layer).register_forward_hook(
                 keep_hidden(layer, unpacked=heads_unpacked and layer == n_layers)))
         hooks += family.score_hooks(model, request.attention)
+        if layout is not None:
+            hooks += family.packed_hooks(model, layout)
         if request.attention:
             tap_attention_scores(model, request.attention)
         if not request.logits:
