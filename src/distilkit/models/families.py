@@ -59,7 +59,7 @@ class Family:
     # after the deepest layer asked for (tests/test_families.py checks it in every family)
     can_run_partial = True
     # packed batches (features.py) tell each sequence's tokens apart by a 4-D mask and position ids restarting
-    # at this first position; None: the family's attention or positions cannot take that, it runs padded
+    # at this first position; None for a config whose attention or positions cannot take that: it runs padded
     first_position = staticmethod(lambda config: 0)
     # student shape knob -> this family's config field (None: the family has no such knob)
     config_names = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -174,13 +174,13 @@ class MPNet(Family):
     # positions count from padding_idx + 1, and MPNet's embeddings fix padding_idx at 1 whatever the config says;
     # its relative position bias depends on offsets only, the same within a packed row as in a padded one
     first_position = staticmethod(lambda config: 2)
+    attention_path = "attention.attn"
+    uses_attention_interface = False
 
     def packed_attention_mask(self, model, layout):
         """MPNet's attention adds the mask to its scores: 0 or the minimum of the model's dtype, as its padded
         pass builds it (a float32 mask would turn a half-precision model's scores float32)."""
         return layout.attention_mask(additive=next(model.parameters()).dtype)
-    attention_path = "attention.attn"
-    uses_attention_interface = False
 
     def scores(self, module, arguments, output):
         hidden = arguments["hidden_states"]
@@ -248,7 +248,7 @@ class ModernBert(Family):
     """ModernBERT: `layers` on the base model, a final norm, and a sliding or full attention kind per layer."""
 
     name, model_types = "modernbert", ("modernbert",)
-    first_position = None
+    first_position = staticmethod(lambda config: None)
     layers_path = "layers"
     attention_path = "attn"
     final_norm_path = "final_norm"

@@ -220,8 +220,7 @@ class _UnpackScores(torch.autograd.Function):
 def packs(model: nn.Module) -> bool:
     """Whether this model's family runs packed (see `Family.first_position`); logs once when it does not."""
     family = family_of(model)
-    if family.first_position is not None and family.first_position(model.config) is not None \
-            and model.config.model_type in family.model_types:
+    if family.first_position(model.config) is not None and model.config.model_type in family.model_types:
         return True
     if family.name not in _LOGGED_UNPACKED:
         _LOGGED_UNPACKED.add(family.name)
