@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import random
+import traceback
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
+from typer.testing import CliRunner
 from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel,
                           BertTokenizerFast)
 
+from distilkit.cli import app
 from distilkit.config import build_config, load_config
 from distilkit.plans import Plans
 from distilkit.run import run_experiment
@@ -21,6 +27,27 @@ NEGATIVE = ["bad", "awful", "boring", "dull", "terrible", "weak", "flat", "tedio
 FILLER = ["the", "film", "movie", "was", "is", "a", "an", "story", "plot", "acting", "very", "quite", "and",
           "it", "this", "really", "cast", "ending", "script", "music"]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args, env: dict | None = None) -> CliResult:
+    """`distilkit ARGS`, run in this process: the CLI's own code without a new process's ~7 s of imports. Tests of
+    the process itself (`python -m distilkit`, signals, torchrun) start one."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    AcceleratorState._reset_state(reset_partial_state=True)  # the next run chooses its own precision and devices
+    stderr = result.stderr + "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                                     for w in caught)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):  # what a process would print
+        stderr += "".join(traceback.format_exception(result.exception))
+    return CliResult(result.exit_code, result.stdout, stderr)
 
 
 def _sentence(rng: random.Random, label: int) -> str:

@@ -2,15 +2,13 @@
 and a distillation run on the augmented transfer set."""
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
 
+from conftest import cli
 from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_config
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
@@ -208,12 +206,10 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     rule; the metrics say what it chose; the run makes the given pairs' steps and is scored after each pass's worth
     of them, as without the pairs; null opts out; a method without pairs_by_default is left alone."""
     def distill(out, *extra):
-        return subprocess.run(
-            [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
-             "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
-             "--set", "student.layers=2", "--set", "train.epochs=2", "--set", "train.batch_size=16",
-             "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}", *extra],
-            capture_output=True, text=True, env=dict(os.environ), timeout=600)
+        return cli("distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
+                   "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
+                   "--set", "student.layers=2", "--set", "train.epochs=2", "--set", "train.batch_size=16",
+                   "--set", "train.mixed_precision='no'", "--set", f"output.dir={out}", *extra)
 
     result = distill(tmp_path / "student")
     assert result.returncode == 0, result.stderr
@@ -243,11 +239,9 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     metrics = json.loads(other.stdout)
     assert metrics["train_examples_in_set"] == 64 and metrics["augment_by_rule"] is None
 
-    refused = subprocess.run(
-        [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
-         "--set", "data.augment={scheme: pairs}", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
-         "--set", f"output.dir={tmp_path / 'single'}"], capture_output=True, text=True, env=dict(os.environ),
-        timeout=600)
+    refused = cli("distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
+                  "--set", "data.augment={scheme: pairs}", "--set", f"teacher.model={tiny_teacher}",
+                  "--set", "method.name=kd", "--set", f"output.dir={tmp_path / 'single'}")
     assert refused.returncode != 0 and "have one text each: use scheme tinybert or tang" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "single" / "metrics.json").exists()
 

@@ -343,7 +343,8 @@ def test_plan_records_every_field_and_skips_finished_cells(tmp_path, glue_dir, t
     assert measured == ["onnx_int8"]
 
 
-def test_a_speed_plan_cell_without_method_or_student_axes_is_named_by_its_config(tmp_path, glue_dir, tiny_teacher):
+def test_a_speed_plan_cell_without_method_or_student_axes_is_named_by_its_config(tmp_path, glue_dir, tiny_teacher,
+                                                                                launched):
     """Its record had method and student None, and rendering the report failed sorting them."""
     path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
     data = yaml.safe_load(path.read_text())
@@ -360,9 +361,10 @@ def test_a_speed_plan_cell_without_method_or_student_axes_is_named_by_its_config
 
 
 def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabulates_all(tmp_path, glue_dir,
-                                                                                         tiny_teacher):
+                                                                                         tiny_teacher, launched):
     """The base-teacher plan's shape: a teacher cell of the plan (no teacher of its own: a plain record), students
-    at two seeds (the first timed beside the teacher, the other a plain record), and a protocol table over both."""
+    at two seeds (the first timed beside the teacher, the other a plain record), and a protocol table over both.
+    Cells train in this process (`launched`); test_plan_records_every_field_and_skips_finished_cells starts them."""
     path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
     data = yaml.safe_load(path.read_text())
     group = data["cells"][0]

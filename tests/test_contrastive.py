@@ -5,8 +5,6 @@ import json
 import math
 import os
 import socket
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import cli
 from distilkit import losses
 from distilkit.config import load_config, method_params
 from distilkit.data.tasks import glue_task
@@ -568,11 +567,6 @@ def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_pa
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "distilkit", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
-
-
 @pytest.mark.parametrize("method", [
     "{name: lrc, first_stage_fraction: 0.5}",
     "{name: codir, negatives: 16, crd_weight: 0.5}",
@@ -588,7 +582,7 @@ method: {method}
 train: {{epochs: 2, batch_size: 8, learning_rate: 1.0e-3, log_every: 4}}
 output: {{dir: {tmp_path / 'out'}}}
 """)
-    result = _cli("distill", str(config))
+    result = cli("distill", str(config))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert metrics["steps"] == 12

@@ -14,16 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-from typer.testing import CliRunner
 
-from conftest import FILLER, SPECIAL
+from conftest import FILLER, SPECIAL, cli
 from distilkit.evaluate import profile
 from distilkit.plans import Plans, load_plan
 from test_bench import tiny_speed_plan
-from distilkit.cli import _quiet_libraries, app
+from distilkit.cli import _quiet_libraries
 from distilkit.config import build_config
 from distilkit.data.dataset import teacher_inputs
 from distilkit.evaluate.evaluator import evaluate_splits
@@ -99,9 +97,8 @@ def test_kd_across_tokenizers_through_the_cli(glue_dir, tiny_teacher, spelling_s
     sets = {"task.name": "sst2", "teacher.model": tiny_teacher, "student.init": "pretrained",
             "student.pretrained": spelling_student, "method.name": "kd", "train.epochs": 2,
             "train.batch_size": 16, "train.learning_rate": 3e-3, "train.mixed_precision": "no", "output.dir": out}
-    result = CliRunner().invoke(app, ["distill"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
-    AcceleratorState._reset_state(reset_partial_state=True)
-    assert result.exit_code == 0, (result.stderr, result.exception)
+    result = cli("distill", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
+    assert result.returncode == 0, result.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["teacher_forward_passes"] > 0 and metrics["steps"] == 32
     # the teacher was scored on its own tokenization of the dev set
@@ -112,8 +109,8 @@ def test_kd_across_tokenizers_through_the_cli(glue_dir, tiny_teacher, spelling_s
     # the saved student carries its own tokenizer and scores the same when evaluated from its folder
     saved = BertTokenizerFast.from_pretrained(out / "best")
     assert saved.get_vocab() == BertTokenizerFast.from_pretrained(spelling_student).get_vocab()
-    result = CliRunner().invoke(app, ["evaluate", str(out / "final")])
-    assert result.exit_code == 0, result.stderr
+    result = cli("evaluate", out / "final")
+    assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
 
 
@@ -243,7 +240,7 @@ def test_text_a_tokenizer_cannot_encode_stops_in_one_line_wherever_it_is():
 
 
 def test_a_plan_times_each_model_on_its_own_tokenization(tmp_path, glue_dir, tiny_teacher, spelling_student,
-                                                         monkeypatch):
+                                                         monkeypatch, launched):
     path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
     plan = yaml.safe_load(path.read_text())
     plan["cells"][0]["axes"]["student"] = {"own": {"student": {"init": "pretrained",

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from conftest import write_glue
+from conftest import cli, write_glue
 from distilkit.config import StudentConfig, build_config
 from distilkit.data.tasks import glue_task
 from distilkit.models import student as student_module
@@ -388,10 +388,6 @@ def test_token_classification_teacher_loads_with_its_head(tmp_path, family_teach
 
 
 def test_cli_refuses_a_shape_the_family_cannot_copy_in_one_line(family_teachers, tiny_glue, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     config = tmp_path / "distil.yaml"
     config.write_text(f"""
 task: {{name: sst2}}
@@ -401,8 +397,7 @@ student: {{layers: 1, ffn: 24, init: teacher_layers}}
 method: {{name: kd}}
 output: {{dir: {tmp_path / 'run'}}}
 """)
-    result = subprocess.run([sys.executable, "-m", "distilkit", "distill", str(config)], capture_output=True,
-                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    result = cli("distill", config, env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     message = " ".join(result.stderr.split())  # rich wraps long lines on narrow terminals

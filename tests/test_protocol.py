@@ -2,16 +2,14 @@
 protocol table, and the protocol plans themselves."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from conftest import cli
 from distilkit.config import LENGTH_RULE, ConfigError, build_config, method_params
 from distilkit.data.tasks import named_task
 from distilkit.evaluate.against_teacher import check_teacher, constant_baseline, teacher_scores
@@ -49,8 +47,7 @@ def test_distill_warns_of_an_untrained_teacher_and_records_it(tmp_path, glue_dir
         "teacher": {"model": str(tiny_teacher)}, "student": {"layers": 2, "init": "teacher_layers"},
         "method": {"name": "kd"}, "train": {"max_steps": 2, "batch_size": 16, "mixed_precision": "no"},
         "output": {"dir": str(tmp_path / "run")}}))
-    done = subprocess.run([sys.executable, "-m", "distilkit", "distill", str(config)], capture_output=True, text=True,
-                          env={**os.environ}, timeout=600)
+    done = cli("distill", config)
     assert done.returncode == 0, done.stderr
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     check = metrics["teacher_check"]

@@ -3,8 +3,6 @@ BM25 pairing, and both methods end to end through the CLI on tiny models."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
+from conftest import cli
 from distilkit.losses import smooth_inputs
 from distilkit.methods.text_smoothing import soft_word_embeddings
 from distilkit.models.features import FeatureRequest, encoder_features
@@ -185,11 +184,6 @@ def test_references_tensors_pad_and_blank(tmp_path):
 
 
 # --- end to end ----------------------------------------------------------------------------------
-
-def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "distilkit", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
-
 
 def _common(glue_dir, out):
     return ["--set", "task.name=sst2", "--set", f"data.dir={glue_dir}", "--set", "data.max_length=32", "--set", "data.max_train_examples=96",

@@ -2,17 +2,14 @@
 every method on a SQuAD-format file, and the CLI path from fine-tuning to a pipeline-ready student."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from conftest import write_squad
+from conftest import cli, write_squad
 from distilkit import losses
 from distilkit.config import DataConfig, build_config
 from distilkit.data.qa_windows import QADataset
@@ -115,11 +112,6 @@ def test_squad_reads_windows_of_384_unless_told_and_refuses_a_stride_that_leaves
     assert build_config({"task": {"name": "sst2"}, "teacher": teacher, "data": shared}).data.max_length == 128
     with pytest.raises(ValueError, match="task.doc_stride=128 must be below data.max_length=128"):
         build_config({"task": {"name": "squad"}, "teacher": teacher, "data": {"max_length": 128}})
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "distilkit", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=600)
 
 
 def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp_path, squad_files, tiny_base_model):

@@ -139,7 +139,7 @@ def test_kd_logit_mse_is_tang_et_al_eq2():
 
 
 def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):
-    from test_training import cli
+    from conftest import cli
 
     student = tiny_bilstm(len(BertTokenizerFast.from_pretrained(tiny_base_model)), pair=False, num_labels=None)
     student.save(tmp_path / "s", BertTokenizerFast.from_pretrained(tiny_base_model), {"task": "unlabeled"})
@@ -167,7 +167,7 @@ def test_best_threshold_by_hand():
 
 
 def test_untuned_similarity_on_a_paraphrase_task_fits_its_threshold_on_train(tmp_path, glue_dir, tiny_base_model):
-    from test_training import cli
+    from conftest import cli
 
     qqp = glue_dir / "glue" / "QQP"
     qqp.mkdir(parents=True)

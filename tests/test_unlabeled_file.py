@@ -1,12 +1,10 @@
 """data.unlabeled_file: in-domain texts without labels, added to the training set that the teacher labels."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from conftest import cli
 from distilkit.config import build_config
 from distilkit.data.readers import DataError, read_tsv
 from distilkit.data.tasks import named_task
@@ -27,12 +25,11 @@ def test_cli_distils_the_labelled_cap_plus_the_rest_of_the_train_file_and_no_dev
     pool.write_text("sentence\n" + "".join(f"{line.split(chr(9))[0]}\n" for line in
                                            [*train.read_text().splitlines()[1:], dev.read_text().splitlines()[1]]))
     out = tmp_path / "student"
-    result = subprocess.run(
-        [sys.executable, "-m", "distilkit", "distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
-         "--set", "data.max_length=32", "--set", "data.max_train_examples=40", "--set", f"data.unlabeled_file={pool}",
-         "--set", f"teacher.model={tiny_teacher}", "--set", "student.layers=2", "--set", "method.name=kd",
-         "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set", "train.mixed_precision='no'",
-         "--set", f"output.dir={out}"], capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    result = cli("distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}",
+                 "--set", "data.max_length=32", "--set", "data.max_train_examples=40", "--set", f"data.unlabeled_file={pool}",
+                 "--set", f"teacher.model={tiny_teacher}", "--set", "student.layers=2", "--set", "method.name=kd",
+                 "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set", "train.mixed_precision='no'",
+                 "--set", f"output.dir={out}")
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     dev_texts = set(_texts(dev))
