@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import cli
 from distilkit.plans import Plans, load_plan, best_dev
 from distilkit.data.tasks import glue_task
 from distilkit.evaluate import profile
@@ -487,29 +488,25 @@ def test_submission_rows_and_file_names():
 
 
 def test_cli_submit_and_predict_int8(tmp_path, glue_dir, tiny_teacher):
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
     from distilkit.export import export
 
-    run = CliRunner().invoke
     (glue_dir / "glue" / "SST-2" / "test.tsv").write_text("index\tsentence\n0\tthe film was good\n1\ta dull plot\n"
                                                           "2\treally charming acting\n")
-    result = run(app, ["submit", str(tiny_teacher), "--task", "sst2", "--out", str(tmp_path / "sub"),
-                       "--data", str(glue_dir)])
-    assert result.exit_code == 0, result.output
+    result = cli("submit", str(tiny_teacher), "--task", "sst2", "--out", str(tmp_path / "sub"),
+                     "--data", str(glue_dir))
+    assert result.returncode == 0, result.stderr
     lines = (tmp_path / "sub" / "SST-2.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
     assert all(line.split("\t")[1] in ("0", "1") for line in lines[1:])
 
-    result = run(app, ["predict", str(tiny_teacher), "the film was good", "--int8"])
-    assert result.exit_code == 2 and "--int8" in result.output  # says how to get an int8 model
+    result = cli("predict", str(tiny_teacher), "the film was good", "--int8")
+    assert result.returncode == 2 and "--int8" in result.stderr  # says how to get an int8 model
     exported = tmp_path / "exported"
     export(tiny_teacher, exported, int8=True)
     write_metadata(exported, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
-    result = run(app, ["predict", str(exported), "the film was good", "a dull plot", "--int8"])
-    assert result.exit_code == 0, result.output
-    assert [json.loads(line)["label"] in ("0", "1") for line in result.output.splitlines()] == [True, True]
+    result = cli("predict", str(exported), "the film was good", "a dull plot", "--int8")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["label"] in ("0", "1") for line in result.stdout.splitlines()] == [True, True]
 
 
 def test_a_plan_that_has_run_nothing_writes_no_report(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from conftest import tiny_bert_config
+from conftest import cli, tiny_bert_config
 from distilkit.export import (OnnxStudent, calibration_feeds, export_onnx, int8_agreement, int8_check, layer_groups,
                               quantize_int8)
 from distilkit.models.student import write_metadata
@@ -167,29 +167,24 @@ def test_the_layer_search_ranks_on_part_of_the_text_and_bisects(tiny_regressor, 
 
 
 def test_cli_export_int8_checks_on_the_dev_text_else_the_training_text(tmp_path, tiny_teacher, glue_dir, monkeypatch):
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
-
     student = shutil.copytree(tiny_teacher, tmp_path / "student")
     write_metadata(student, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
-    run = CliRunner().invoke
     monkeypatch.setenv("DISTILKIT_DATA", str(glue_dir))
-    result = run(app, ["export", str(student), str(tmp_path / "checked"), "--int8"])
-    assert result.exit_code == 0, result.output
+    result = cli("export", str(student), str(tmp_path / "checked"), "--int8")
+    assert result.returncode == 0, result.stderr
     check = int8_check(json.loads(result.stdout)["int8"])
     # the task's dev split (32 sentences here) rather than its train split (256)
     assert check["checked"] and check["calibration"] == "32 sst2 dev sentences"
     # a task with no dev file falls back to its training text
     (glue_dir / "glue" / "SST-2" / "dev.tsv").unlink()
-    result = run(app, ["export", str(student), str(tmp_path / "train-checked"), "--int8"])
-    assert result.exit_code == 0, result.output
+    result = cli("export", str(student), str(tmp_path / "train-checked"), "--int8")
+    assert result.returncode == 0, result.stderr
     check = int8_check(json.loads(result.stdout)["int8"])
     assert check["checked"] and check["calibration"] == "256 sst2 train sentences"
     # no data for its task here: int8 is still written, marked unchecked, saying why
     monkeypatch.delenv("DISTILKIT_DATA")
-    result = run(app, ["export", str(student), str(tmp_path / "unchecked"), "--int8"])
-    assert result.exit_code == 0, result.output
+    result = cli("export", str(student), str(tmp_path / "unchecked"), "--int8")
+    assert result.returncode == 0, result.stderr
     check = int8_check(json.loads(result.stdout)["int8"])
     assert not check["checked"] and "DISTILKIT_DATA" in check["why_not"]
 
@@ -210,10 +205,6 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
                                                                                   monkeypatch):
     """Its task (columns, labels, files) is recorded with it, so `evaluate` and `export --int8` need no task
     options, from any working directory."""
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
-
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.csv").write_text("review,sentiment\n" + "the film was good,pos\na dull film,neg\n" * 8)
@@ -224,16 +215,15 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
             "task.train_file=train.csv", "task.dev_file=dev.jsonl", f"teacher.model={tiny_teacher}",
             "method.name=kd", "student.init=teacher_layers", "student.layers=1", "train.max_steps=2",
             "train.mixed_precision=no", f"output.dir={tmp_path / 'run'}"]
-    run = CliRunner().invoke
-    result = run(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-    assert result.exit_code == 0, result.output
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
     monkeypatch.chdir(tmp_path)
-    result = run(app, ["evaluate", str(tmp_path / "run" / "final")])
-    assert result.exit_code == 0, result.output
+    result = cli("evaluate", str(tmp_path / "run" / "final"))
+    assert result.returncode == 0, result.stderr
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
-    result = run(app, ["export", str(tmp_path / "run" / "final"), str(tmp_path / "deploy"), "--int8"])
-    assert result.exit_code == 0, result.output
+    result = cli("export", str(tmp_path / "run" / "final"), str(tmp_path / "deploy"), "--int8")
+    assert result.returncode == 0, result.stderr
     check = int8_check(json.loads(result.stdout)["int8"])
     assert check["checked"] and check["calibration"] == "3 custom dev sentences"
 
@@ -241,10 +231,6 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
 def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_base_model, monkeypatch):
     """`distilkit evaluate` scored every classifier at 128 tokens, so one trained at another length disagreed
     with its own metrics.json. A score (Pearson) shows any change of the inputs."""
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
-
     rng = np.random.default_rng(0)
     words = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
 
@@ -258,11 +244,10 @@ def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_
             "task.dev_file=dev.csv", "method.name=finetune", "student.init=pretrained",
             f"student.pretrained={tiny_base_model}", "train.max_steps=2", "train.mixed_precision=no",
             "data.max_length=8", f"output.dir={tmp_path / 'run'}"]
-    run = CliRunner().invoke
-    result = run(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-    assert result.exit_code == 0, result.output
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
-    scored = json.loads(run(app, ["evaluate", str(tmp_path / "run" / "final")]).stdout)["metrics"]["dev"]
+    scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)["metrics"]["dev"]
     assert scored["pearson"] == pytest.approx(final["pearson"], abs=1e-6)
-    longer = json.loads(run(app, ["evaluate", str(tmp_path / "run" / "final"), "--max-length", "32"]).stdout)
+    longer = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--max-length", "32").stdout)
     assert longer["metrics"]["dev"]["pearson"] != pytest.approx(final["pearson"], abs=1e-6)  # the length matters

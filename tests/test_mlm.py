@@ -8,6 +8,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, DistilBertConfig, \
     DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
 
+from conftest import cli
 from distilkit.models.mlm import HEAD_FILE, FittedMLMHead, MLMHeadError, of_model, own_mlm_head
 from distilkit.models.teacher import Teacher
 
@@ -138,10 +139,6 @@ def test_vocabulary_check_names_both_sizes():
 
 
 def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
-
     corpus = tmp_path / "corpus.txt"
     import random
 
@@ -156,12 +153,12 @@ def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
     corpus.write_text("\n".join(lines) + "\n")
     out = tmp_path / "teacher-with-head"
     report = tmp_path / "report.json"
-    result = CliRunner().invoke(app, ["fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
-                                      "--steps", "30", "--batch-size", "8", "--max-length", "32",
-                                      "--learning-rate", "0.01", "--heldout-fraction", "0.2",
-                                      "--heldout-examples", "32", "--eval-every", "10", "--mixed-precision", "no",
-                                      "--report", str(report)])
-    assert result.exit_code == 0, result.output
+    result = cli("fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
+                 "--steps", "30", "--batch-size", "8", "--max-length", "32",
+                 "--learning-rate", "0.01", "--heldout-fraction", "0.2",
+                 "--heldout-examples", "32", "--eval-every", "10", "--mixed-precision", "no",
+                 "--report", str(report))
+    assert result.returncode == 0, result.stderr
     info = json.loads(report.read_text())
     curve = info["heldout"]["curve"]
     assert [c["step"] for c in curve] == [0, 10, 20, 30]
@@ -176,9 +173,9 @@ def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
     at_t1 = scores["fitted head"]["by_temperature"]["1"]
     assert 0 < at_t1["p_top1"] <= at_t1["top32_mass"] <= 1
     assert (out / HEAD_FILE).is_file() and Teacher(str(out)).mlm.source == "fitted head"
-    again = CliRunner().invoke(app, ["fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
-                                     "--steps", "1"])
-    assert again.exit_code == 2 and "already exists" in " ".join(again.output.split())
+    again = cli("fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus), "--out", str(out),
+                "--steps", "1")
+    assert again.returncode == 2 and "already exists" in " ".join(again.stderr.split())
     assert (out / HEAD_FILE).is_file()  # nothing earlier lost
 
 
@@ -186,13 +183,9 @@ def test_fit_mlm_head_through_the_cli(tmp_path, tiny_base_model, monkeypatch):
                                                (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "is not text"),
                                                (b"caf\xe9 au lait\nmore text here\n" * 3, "is not UTF-8 text")])
 def test_fit_mlm_head_refuses_a_corpus_that_is_not_text(tmp_path, tiny_base_model, content, message):
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
-
     corpus = tmp_path / "corpus.bin"
     corpus.write_bytes(content)
-    result = CliRunner().invoke(app, ["fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus),
-                                      "--out", str(tmp_path / "out"), "--steps", "1"])
-    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    result = cli("fit-mlm-head", str(tiny_base_model), "--corpus", str(corpus),
+                 "--out", str(tmp_path / "out"), "--steps", "1")
+    assert result.returncode == 2 and message in " ".join(result.stderr.split()), result.stderr
     assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from conftest import cli
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import glue_task
 from distilkit.models.features import FeatureRequest, encoder_features, transformer_layers
@@ -118,9 +119,6 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
     """An MNLI-style teacher whose id2label lists the task's labels in another order: matched by name, not by
     position (by position its every answer would count as the other label)."""
     from transformers import BertForSequenceClassification, BertTokenizerFast
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
 
     teacher = tmp_path / "teacher"
     model = BertForSequenceClassification.from_pretrained(tiny_teacher)
@@ -139,8 +137,8 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
                 f"teacher.model={teacher}", "method.name=kd", "student.init=teacher_layers", "student.layers=1",
                 "train.max_steps=1", "train.mixed_precision=no", f"output.dir={out}"]
         caplog.clear()
-        result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-        assert result.exit_code == 0, result.output
+        result = cli("distill", *[a for s in sets for a in ("--set", s)])
+        assert result.returncode == 0, result.stderr
         metrics = json.loads((out / "metrics.json").read_text())
         assert metrics["teacher_scores"]["dev"]["accuracy"] == 0.75, order
         saved = BertForSequenceClassification.from_pretrained(out / "best").config
@@ -157,9 +155,8 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
 
     fields = ["text_columns=[text]", "labels=[pos, neg]", f"train_file={tmp_path / 'train.tsv'}",
               f"dev_file={tmp_path / 'dev.tsv'}"]
-    result = CliRunner().invoke(app, ["evaluate", str(teacher), "--task", "custom"]
-                                + [a for f in fields for a in ("--task-set", f)])
-    assert result.exit_code == 0, result.output
+    result = cli("evaluate", str(teacher), "--task", "custom", *[a for f in fields for a in ("--task-set", f)])
+    assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["metrics"]["dev"]["accuracy"] == 0.75
     spec = task_spec(task_config({"name": "custom", "text_columns": ["text"], "labels": ["pos", "neg"],
                                   "train_file": str(tmp_path / "train.tsv"), "dev_file": str(tmp_path / "dev.tsv")}))
@@ -169,8 +166,8 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
         assert deployment.dev_scores(fmt, dev, spec)["accuracy"] == 0.75, fmt
     # `distilkit predict` on the folder (no distilkit.json) names its answers by the folder's own id2label (it printed
     # the first logit as a "score")
-    result = CliRunner().invoke(app, ["predict", str(teacher), "a dull film"])
-    assert result.exit_code == 0, result.output
+    result = cli("predict", str(teacher), "a dull film")
+    assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1])["label"] == "pos"
 
 
@@ -191,9 +188,6 @@ def test_a_teacher_saved_in_half_precision_gives_an_fp32_student(init, tmp_path,
     """transformers loads a checkpoint in the dtype it was saved in, and a config's dtype passes on to a model
     built from it: a bf16 teacher made bf16 students, whose optimizer steps below bf16's resolution were lost."""
     from safetensors.torch import load_file
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
 
     half = tmp_path / "bf16-teacher"
     AutoModelForSequenceClassification.from_pretrained(tiny_teacher).to(torch.bfloat16).save_pretrained(half)
@@ -202,8 +196,8 @@ def test_a_teacher_saved_in_half_precision_gives_an_fp32_student(init, tmp_path,
         ["student.init=teacher_layers", "student.layers=2"]
     sets = [f"data.dir={glue_dir}", f"teacher.model={half}", "method.name=kd", "train.max_steps=2",
             "train.mixed_precision=no", "data.max_length=32", f"output.dir={tmp_path / 'run'}", *student]
-    result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-    assert result.exit_code == 0, result.output
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
     weights = load_file(tmp_path / "run" / "final" / "model.safetensors")
     assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
     assert json.loads((tmp_path / "run" / "final" / "config.json").read_text())["dtype"] == "float32"

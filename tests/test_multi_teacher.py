@@ -6,10 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import BertForSequenceClassification, BertTokenizerFast
-from typer.testing import CliRunner
 
-from conftest import tiny_bert_config
-from distilkit.cli import app
+from conftest import cli, tiny_bert_config
 from distilkit.config import ConfigError, build_config
 from distilkit.models.teacher import average_logits
 from distilkit.run import build_run, run_experiment
@@ -91,8 +89,8 @@ def test_cli_distils_from_two_teachers(glue_dir, tiny_teacher, second_teacher, t
     sets = [f"data.dir={glue_dir}", f"teacher.models=[{tiny_teacher}, {second_teacher}]", "teacher.weights=[2, 1]",
             "method.name=kd", "student.layers=2", "data.max_length=32", "data.max_train_examples=64",
             "train.epochs=1", "train.mixed_precision=no", "train.report_to=[]", f"output.dir={out}"]
-    result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-    assert result.exit_code == 0, result.output
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
     card = (out / "best" / "README.md").read_text()
     assert "2 teachers' logits averaged (weights 0.667, 0.333)" in card and str(second_teacher) in card
     assert (out / "config.yaml").read_text().count("models:") == 1
@@ -101,9 +99,9 @@ def test_cli_distils_from_two_teachers(glue_dir, tiny_teacher, second_teacher, t
 def test_methods_that_read_one_teachers_internals_refuse_several(glue_dir, tiny_teacher, second_teacher, tmp_path):
     sets = [f"data.dir={glue_dir}", f"teacher.models=[{tiny_teacher}, {second_teacher}]", "method.name=pkd",
             f"output.dir={tmp_path / 'out'}"]
-    result = CliRunner().invoke(app, ["distill"] + [a for s in sets for a in ("--set", s)])
-    assert result.exit_code == 2
-    message = result.output.strip()
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 2
+    message = result.stderr.strip()
     assert message.count("\n") == 0 and message.endswith(
         "method 'pkd' reads one teacher's hidden states, attention or MLM, not only its logits, so several "
         "teachers cannot be averaged for it: set one teacher.model, or use method kd with teacher.models")

@@ -19,7 +19,7 @@ from filelock import FileLock
 from safetensors.torch import load_file
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from conftest import Crash, crash_after_checkpoint, make_tokenizer, tiny_bert_config
+from conftest import Crash, cli, crash_after_checkpoint, make_tokenizer, tiny_bert_config
 from distilkit.config import build_config
 from distilkit.run import RunError, build_run, run_experiment
 from distilkit.train import cache as cache_module
@@ -117,9 +117,6 @@ def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(
     rounding). Interrupted and resumed on a disk with room, it stays live: the student of an uninterrupted run."""
     import yaml
     from types import SimpleNamespace
-    from typer.testing import CliRunner
-
-    from distilkit.cli import app
 
     def config(name: str) -> dict:
         config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method={"name": "tinybert"},
@@ -130,8 +127,8 @@ def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(
     def distill(name: str):
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config(name)))
-        result = CliRunner().invoke(app, ["distill", str(path)])
-        assert result.exit_code == 0, (result.stderr, result.exception)
+        result = cli("distill", str(path))
+        assert result.returncode == 0, result.stderr
         return result, load_file(tmp_path / name / "final" / "model.safetensors")
 
     def small_disk():

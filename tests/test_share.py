@@ -5,8 +5,8 @@ import json
 import pytest
 from huggingface_hub import ModelCard
 from transformers import AutoTokenizer
-from typer.testing import CliRunner
 
+from conftest import cli
 from distilkit.config import build_config
 from distilkit.run import run_experiment
 
@@ -91,8 +91,6 @@ def test_export_keeps_the_card(kd_run, tmp_path):
 
 
 def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
-    from distilkit.cli import app
-
     out, _ = kd_run
     calls = []
 
@@ -105,12 +103,12 @@ def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
             calls.append(("upload", repo_id, sorted(p.name for p in folder_path.iterdir())))
 
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
-    result = CliRunner().invoke(app, ["push", str(out / "best"), "me/tiny-kd", "--private"])
-    assert result.exit_code == 0, result.output
+    result = cli("push", str(out / "best"), "me/tiny-kd", "--private")
+    assert result.returncode == 0, result.stderr
     assert calls[0] == ("create", "me/tiny-kd", True, True)
     assert calls[1][0] == "upload" and {"README.md", "config.json", "model.safetensors"} <= set(calls[1][2])
-    result = CliRunner().invoke(app, ["push", str(out), "me/tiny-kd"])  # the run folder, not a student
-    assert result.exit_code == 2 and "not a saved student" in result.output
+    result = cli("push", str(out), "me/tiny-kd")  # the run folder, not a student
+    assert result.returncode == 2 and "not a saved student" in result.stderr
 
 
 def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp_path, monkeypatch):
@@ -126,10 +124,8 @@ def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp
 def test_version_is_the_installed_package_version():
     from importlib.metadata import version
 
-    from distilkit.cli import app
-
-    result = CliRunner().invoke(app, ["--version"])
-    assert result.exit_code == 0 and result.output.strip() == f"distilkit {version('distilkit')}"
+    result = cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"distilkit {version('distilkit')}"
 
 
 def test_help_loads_neither_torch_nor_transformers():
