@@ -128,16 +128,21 @@ def test_version_is_the_installed_package_version():
     assert result.returncode == 0 and result.stdout.strip() == f"distilkit {version('distilkit')}"
 
 
-def test_help_loads_neither_torch_nor_transformers():
-    """`distilkit --help` answers at once: the built-in methods (torch, transformers) load when a config needs them."""
+@pytest.mark.parametrize("args, said", [(["--help"], "distill"),
+                                        (["distill", "missing.yaml"], "config file missing.yaml does not exist"),
+                                        (["distill", "--preset", "no-such"], "no preset named 'no-such'")])
+def test_help_and_a_missing_config_load_neither_torch_nor_transformers(args, said, tmp_path):
+    """`distilkit --help` answers at once, and so does a config or preset that is not there: the built-in methods
+    (torch, transformers) load when a config needs them."""
     import subprocess
     import sys
 
-    probe = ("import runpy, sys\nsys.argv = ['distilkit', '--help']\ntry:\n    runpy.run_module('distilkit', "
+    probe = (f"import runpy, sys\nsys.argv = ['distilkit', *{args!r}]\ntry:\n    runpy.run_module('distilkit', "
              "run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert "distill" in result.stdout and result.stdout.strip().endswith("[]"), result.stdout + result.stderr
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert said in " ".join((result.stdout + result.stderr).split()), result.stdout + result.stderr
+    assert result.stdout.strip().endswith("[]"), result.stdout + result.stderr
 
 
 def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():

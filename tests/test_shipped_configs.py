@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distilkit.config import build_config, load_config, what_runs
-from distilkit.plans import Plans, find_preset, load_plan, shipped_plans
+from distilkit.config import build_config, find_preset, load_config, what_runs
+from distilkit.plans import Plans, load_plan, shipped_plans
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "src" / "distilkit" / "presets").glob("*.yaml"))

@@ -36,17 +36,19 @@ PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (s
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a field: section.field=value")]
 
 
-def _user_errors():
+# the errors a user can fix, which end in one line; by module, since a module not imported yet raised none of its own
+# (importing run or the distiller to name them would cost a mistyped config's answer seconds of torch)
+_USER_ERRORS = {"distilkit.config": ["ConfigError"], "distilkit.data.readers": ["DataError"],
+                "distilkit.models.hub": ["ModelNotFound"], "distilkit.run": ["RunError"],
+                "distilkit.train.distiller": ["LaunchError", "NonFiniteLoss"]}
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
     from pickle import UnpicklingError
 
-    from distilkit.config import ConfigError
-    from distilkit.data.readers import DataError
-    from distilkit.models.hub import ModelNotFound
-    from distilkit.run import RunError
-    from distilkit.train.distiller import LaunchError, NonFiniteLoss
-
-    return ConfigError, DataError, ModelNotFound, RunError, LaunchError, NonFiniteLoss, FileExistsError, \
-        FileNotFoundError, ValueError, TypeError, UnpicklingError
+    ours = [getattr(sys.modules[module], name) for module, names in _USER_ERRORS.items() if module in sys.modules
+            for name in names]
+    return (*ours, FileExistsError, FileNotFoundError, ValueError, TypeError, UnpicklingError)
 
 
 def _fail(err: Exception) -> None:
@@ -63,9 +65,7 @@ def _fail(err: Exception) -> None:
 
 
 def _train(config_path: Path | None, overrides: list[str], force_method: str | None, preset: str | None) -> None:
-    from distilkit.config import load_config
-    from distilkit.plans import find_preset
-    from distilkit.run import run_experiment
+    from distilkit.config import find_preset, load_config
 
     try:
         if preset:
@@ -76,6 +76,7 @@ def _train(config_path: Path | None, overrides: list[str], force_method: str | N
         if force_method:
             overrides.append(f"method.name={force_method}")
         config = load_config(config_path, overrides)
+        from distilkit.run import run_experiment  # torch and transformers: seconds, once the config is known good
         metrics = run_experiment(config)
     except _user_errors() as err:
         _fail(err)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -570,6 +571,16 @@ def build_config(data: dict) -> ExperimentConfig:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError("invalid config: " + _describe(err)) from None
+
+
+def find_preset(name: str) -> Path:
+    """A shipped experiment config by name: src/distilkit/presets/<name>.yaml."""
+    folder = Path(str(resources.files("distilkit") / "presets"))
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ConfigError(f"no preset named {name!r}; presets: {names} (plans run with `distilkit bench NAME`)")
+    return path
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:

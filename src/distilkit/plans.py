@@ -727,13 +727,3 @@ def run_plan(name_or_path: str | Path, only: list[str] | None = None, overrides:
     path = find_plan(name_or_path)
     plans = Plans(load_plan(path, overrides), path)
     return plans.render() if report_only else plans.run(only)
-
-
-def find_preset(name: str) -> Path:
-    """A shipped experiment config by name: src/distilkit/presets/<name>.yaml."""
-    folder = Path(str(resources.files("distilkit") / "presets"))
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
-        raise ConfigError(f"no preset named {name!r}; presets: {names} (plans run with `distilkit bench NAME`)")
-    return path
