@@ -65,45 +65,35 @@ ARMS = {
 PHASES = ("batch", "teacher", "forward", "sync", "backward", "clip", "optimizer")
 
 
+# what each job sets beyond the shared skeleton in job_config: task, length, student, method, learning rate
+JOBS = {
+    "vs-textbrewer": {"task": {"name": "sst2"}, "max_length": 64, "learning_rate": 5e-4,
+                      "student": {"preset": "S4-312", "init": "random"},
+                      "method": {"name": "tinybert", "schedule": "joint", "temperature": 2.0,
+                                 "attention_weight": 0.0, "embedding_weight": 1.0, "hidden_weight": 1.0,
+                                 "prediction_weight": 1.0}},
+    "demo": {"task": {"name": "sst2"}, "max_length": 128, "learning_rate": 1e-4,
+             "student": {"preset": "S3-384", "init": "teacher_layers"}, "method": {"name": "kd", "temperature": 2.0}},
+    "squad": {"task": {"name": "squad", "doc_stride": 128}, "max_length": 384, "learning_rate": 1e-4,
+              "student": {"init": "pretrained", "pretrained": "minilm-l6"}, "method": {"name": "finetune"},
+              "teacher": None},
+    "base-teacher": {"task": {"name": "stsb"}, "max_length": 128, "learning_rate": 1e-4,
+                     "student": {"init": "teacher_layers", "layers": 3}, "method": {"name": "finetune"}},
+}
+
+
 def job_config(args, bucket_batches: int) -> dict:
-    if args.job == "squad":
-        return {"task": {"name": "squad", "doc_stride": 128},
-                "data": {"dir": args.data, "max_length": 384, "max_train_examples": args.examples,
-                         "bucket_batches": bucket_batches},
-                "student": {"init": "pretrained", "pretrained": "minilm-l6"},
-                "method": {"name": "finetune"},
-                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
-                          "threads": args.threads},
-                "output": {"dir": "/tmp/unused"}}
-    if args.job == "base-teacher":
-        return {"task": {"name": "stsb"},
-                "data": {"dir": args.data, "max_length": 128, "max_train_examples": args.examples,
-                         "bucket_batches": bucket_batches},
-                "teacher": {"model": args.teacher},
-                "student": {"init": "teacher_layers", "layers": 3},
-                "method": {"name": "finetune"},
-                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
-                          "threads": args.threads},
-                "output": {"dir": "/tmp/unused"}}
-    if args.job == "demo":
-        return {"task": {"name": "sst2"},
-                "data": {"dir": args.data, "max_length": 128, "max_train_examples": args.examples,
-                         "bucket_batches": bucket_batches},
-                "teacher": {"model": args.teacher},
-                "student": {"preset": "S3-384", "init": "teacher_layers"},
-                "method": {"name": "kd", "temperature": 2.0},
-                "train": {"batch_size": 32, "learning_rate": 1e-4, "mixed_precision": "no", "seed": args.seed,
-                          "threads": args.threads},
-                "output": {"dir": "/tmp/unused"}}
-    return {"task": {"name": "sst2"},
-            "data": {"dir": args.data, "max_length": 64, "max_train_examples": args.examples, "bucket_batches": bucket_batches},
-            "teacher": {"model": args.teacher},
-            "student": {"preset": "S4-312", "init": "random"},
-            "method": {"name": "tinybert", "schedule": "joint", "temperature": 2.0, "attention_weight": 0.0,
-                       "embedding_weight": 1.0, "hidden_weight": 1.0, "prediction_weight": 1.0},
-            "train": {"batch_size": 32, "learning_rate": 5e-4, "mixed_precision": "no", "seed": args.seed,
-                      "threads": args.threads},
-            "output": {"dir": "/tmp/unused"}}
+    job = JOBS[args.job]
+    config = {"task": job["task"],
+              "data": {"dir": args.data, "max_length": job["max_length"], "max_train_examples": args.examples,
+                       "bucket_batches": bucket_batches},
+              "student": job["student"], "method": job["method"],
+              "train": {"batch_size": 32, "learning_rate": job["learning_rate"], "mixed_precision": "no",
+                        "seed": args.seed, "threads": args.threads},
+              "output": {"dir": "/tmp/unused"}}
+    if job.get("teacher", True) is not None:  # the squad job fine-tunes on labels alone
+        config["teacher"] = {"model": args.teacher}
+    return config
 
 
 class Arm:
@@ -173,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="+", default=["padded-random", "packed-random", "padded-bucketed"],
                         choices=list(ARMS))
-    parser.add_argument("--job", choices=["vs-textbrewer", "demo", "squad", "base-teacher"], default="vs-textbrewer")
+    parser.add_argument("--job", choices=list(JOBS), default="vs-textbrewer")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--examples", type=int, default=4000)
