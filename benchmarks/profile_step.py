@@ -76,14 +76,14 @@ JOBS = {
              "student": {"preset": "S3-384", "init": "teacher_layers"}, "method": {"name": "kd", "temperature": 2.0}},
     "squad": {"task": {"name": "squad", "doc_stride": 128}, "max_length": 384, "learning_rate": 1e-4,
               "student": {"init": "pretrained", "pretrained": "minilm-l6"}, "method": {"name": "finetune"},
-              "teacher": None},
+              "labels_only": True},
     "base-teacher": {"task": {"name": "stsb"}, "max_length": 128, "learning_rate": 1e-4,
                      "student": {"init": "teacher_layers", "layers": 3}, "method": {"name": "finetune"}},
 }
 
 
 def job_config(args, bucket_batches: int) -> dict:
-    job = JOBS[args.job]
+    job = copy.deepcopy(JOBS[args.job])
     config = {"task": job["task"],
               "data": {"dir": args.data, "max_length": job["max_length"], "max_train_examples": args.examples,
                        "bucket_batches": bucket_batches},
@@ -91,7 +91,7 @@ def job_config(args, bucket_batches: int) -> dict:
               "train": {"batch_size": 32, "learning_rate": job["learning_rate"], "mixed_precision": "no",
                         "seed": args.seed, "threads": args.threads},
               "output": {"dir": "/tmp/unused"}}
-    if job.get("teacher", True) is not None:  # the squad job fine-tunes on labels alone
+    if not job.get("labels_only"):
         config["teacher"] = {"model": args.teacher}
     return config
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -38,13 +39,17 @@ class CliResult:
 
 def cli(*args, env: dict | None = None) -> CliResult:
     """`distilkit ARGS`, run in this process: the CLI's own code without a new process's ~7 s of imports. Tests of
-    the process itself (`python -m distilkit`, signals, torchrun) start one."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    the process itself (`python -m distilkit`, signals, torchrun) start one. `env` reaches what reads the environment
+    when called, not settings a library read when it was first imported (huggingface_hub's HF_HUB_OFFLINE)."""
+    with warnings.catch_warnings():  # warnings on stderr where they happen, as a process prints them
+        warnings.simplefilter("default")
+        for category in (DeprecationWarning, FutureWarning):  # pyproject's filterwarnings
+            warnings.filterwarnings("ignore", category=category)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
         result = CliRunner().invoke(app, [str(a) for a in args], env=env)
     AcceleratorState._reset_state(reset_partial_state=True)  # the next run chooses its own precision and devices
-    stderr = result.stderr + "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
-                                     for w in caught)
+    stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):  # what a process would print
         stderr += "".join(traceback.format_exception(result.exception))
     return CliResult(result.exit_code, result.stdout, stderr)
@@ -204,4 +209,5 @@ def launched(monkeypatch):
         run_experiment(config)
         return 0
     monkeypatch.setattr(Plans, "launch", launch)
-    return ran
+    yield ran
+    AcceleratorState._reset_state(reset_partial_state=True)  # later tests in this process choose their own precision

@@ -345,3 +345,20 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(where, name):
 
 if __name__ == "__main__":  # the README's table: python tests/test_bad_input.py (from tests/)
     print(json.dumps(sorted(CASES), indent=1))
+
+
+def test_the_cli_finds_each_user_error_where_it_is_defined():
+    """The CLI catches the user errors that are not ValueErrors by their defining module (a module not imported yet
+    raised none); a class renamed or moved would otherwise surface only while another error is being handled."""
+    import importlib
+
+    from distilkit.cli import USER_RUNTIME_ERRORS
+    from distilkit.config import ConfigError
+    from distilkit.data.errors import DataError
+    from distilkit.models.hub import ModelNotFound
+
+    for module, names in USER_RUNTIME_ERRORS.items():
+        for name in names:
+            error = getattr(importlib.import_module(module), name)
+            assert error.__module__ == module and issubclass(error, Exception) and not issubclass(error, ValueError)
+    assert all(issubclass(error, ValueError) for error in (ConfigError, DataError, ModelNotFound))

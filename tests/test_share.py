@@ -128,21 +128,24 @@ def test_version_is_the_installed_package_version():
     assert result.returncode == 0 and result.stdout.strip() == f"distilkit {version('distilkit')}"
 
 
-@pytest.mark.parametrize("args, said", [(["--help"], "distill"),
-                                        (["distill", "missing.yaml"], "config file missing.yaml does not exist"),
-                                        (["distill", "--preset", "no-such"], "no preset named 'no-such'")])
-def test_help_and_a_missing_config_load_neither_torch_nor_transformers(args, said, tmp_path):
-    """`distilkit --help` answers at once, and so does a config or preset that is not there: the built-in methods
-    (torch, transformers) load when a config needs them."""
+@pytest.mark.parametrize("args, code, said", [
+    (["--help"], 0, "distill"),
+    (["distill", "missing.yaml"], 2, "config file missing.yaml does not exist"),
+    (["distill", "bad.yaml"], 2, "bad.yaml"),
+    (["distill", "--preset", "no-such"], 2, "no preset named 'no-such'")])
+def test_help_and_a_config_not_there_load_neither_torch_nor_transformers(args, code, said, tmp_path):
+    """`distilkit --help` answers at once, and so does a config or preset that is not there or not YAML: the
+    built-in methods (torch, transformers) load when a config needs them."""
     import subprocess
     import sys
 
-    probe = (f"import runpy, sys\nsys.argv = ['distilkit', *{args!r}]\ntry:\n    runpy.run_module('distilkit', "
-             "run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    (tmp_path / "bad.yaml").write_text("train: {epochs: 3\n")  # an unclosed mapping
+    probe = (f"import runpy, sys\nsys.argv = ['distilkit', *{args!r}]\ncode = 0\ntry:\n    "
+             "runpy.run_module('distilkit', run_name='__main__')\nexcept SystemExit as end:\n    code = end.code\n"
+             "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert said in " ".join((result.stdout + result.stderr).split()), result.stdout + result.stderr
-    assert result.stdout.strip().endswith("[]"), result.stdout + result.stderr
+    assert result.stdout.strip().endswith(f"{code} []"), result.stdout + result.stderr
 
 
 def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():

@@ -36,18 +36,18 @@ PresetOpt = Annotated[str | None, typer.Option(help="a shipped config by name (s
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a field: section.field=value")]
 
 
-# the errors a user can fix, which end in one line; by module, since a module not imported yet raised none of its own
-# (importing run or the distiller to name them would cost a mistyped config's answer seconds of torch)
-_USER_ERRORS = {"distilkit.config": ["ConfigError"], "distilkit.data.readers": ["DataError"],
-                "distilkit.models.hub": ["ModelNotFound"], "distilkit.run": ["RunError"],
-                "distilkit.train.distiller": ["LaunchError", "NonFiniteLoss"]}
+# the errors a user can fix, which end in one line. ConfigError, DataError and ModelNotFound are ValueErrors; these are
+# not, so they are named by the module that defines them: one not imported yet raised none of its own (importing the
+# distiller to name them would cost a mistyped config's answer seconds of torch)
+USER_RUNTIME_ERRORS = {"distilkit.train.outdir": ["RunError"],
+                       "distilkit.train.distiller": ["LaunchError", "NonFiniteLoss"]}
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from pickle import UnpicklingError
 
-    ours = [getattr(sys.modules[module], name) for module, names in _USER_ERRORS.items() if module in sys.modules
-            for name in names]
+    ours = [getattr(sys.modules[module], name) for module, names in USER_RUNTIME_ERRORS.items()
+            if module in sys.modules for name in names]
     return (*ours, FileExistsError, FileNotFoundError, ValueError, TypeError, UnpicklingError)
 
 
@@ -76,7 +76,11 @@ def _train(config_path: Path | None, overrides: list[str], force_method: str | N
         if force_method:
             overrides.append(f"method.name={force_method}")
         config = load_config(config_path, overrides)
-        from distilkit.run import run_experiment  # torch and transformers: seconds, once the config is known good
+    except _user_errors() as err:
+        _fail(err)
+    from distilkit.run import run_experiment  # torch and transformers: seconds, once the config is known good
+
+    try:
         metrics = run_experiment(config)
     except _user_errors() as err:
         _fail(err)
