@@ -15,11 +15,12 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from int8_variants import student_arguments
+
 from distilkit.evaluate.speed import all_threads, throughput
 from distilkit.export import export_onnx, quantize_int8
 from distilkit.machine import environment
 from distilkit.run import model_split
-from int8_variants import student_arguments
 
 
 def profiled_run(onnx_path: Path, dev, threads: int, profile_dir: Path) -> dict:

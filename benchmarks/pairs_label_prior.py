@@ -10,6 +10,7 @@ import random
 import sys
 
 import torch
+from dev_positive_rates import pair_probabilities
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from distilkit.config import load_config
@@ -17,7 +18,6 @@ from distilkit.data.tasks import task_spec
 from distilkit.machine import cache_root
 from distilkit.run import augment_for, eval_examples, training_examples
 from distilkit.train.augment import augmented_examples
-from dev_positive_rates import pair_probabilities
 
 SAMPLE = 1500
 

@@ -95,8 +95,8 @@ def run_distilkit(args, work: Path) -> dict:
 # TextBrewer side -------------------------------------------------------------------------------
 
 def run_textbrewer(args, work: Path) -> dict:
-    import torch
     import textbrewer
+    import torch
     from textbrewer import DistillationConfig, GeneralDistiller, TrainingConfig
     from transformers import get_linear_schedule_with_warmup
 

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import traceback
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from transformers import (
+    BertConfig,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizerFast,
+)
 from typer.testing import CliRunner
-from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel,
-                          BertTokenizerFast)
 
-from distilkit.cli import app
+from distilkit.cli import _quiet_libraries, app
 from distilkit.config import build_config, load_config
 from distilkit.plans import Plans
 from distilkit.run import run_experiment
@@ -37,6 +44,28 @@ class CliResult:
     stderr: str
 
 
+@contextmanager
+def quiet_libraries():
+    """`distilkit`'s own quieting of transformers and huggingface_hub (cli.main), undone afterwards: a test's
+    settings would otherwise hold for every later test in the worker."""
+    from transformers.utils import logging as hf_logging
+
+    names = ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+    saved = {name: os.environ.get(name) for name in names}
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    _quiet_libraries()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        hf_logging.set_verbosity(verbosity)
+        (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
+
+
 def cli(*args, env: dict | None = None) -> CliResult:
     """`distilkit ARGS`, run in this process: the CLI's own code without a new process's ~7 s of imports. Tests of
     the process itself (`python -m distilkit`, signals, torchrun) start one. `env` reaches what reads the environment
@@ -47,7 +76,8 @@ def cli(*args, env: dict | None = None) -> CliResult:
             warnings.filterwarnings("ignore", category=category)
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
             warnings.formatwarning(message, category, filename, lineno, line))
-        result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+        with quiet_libraries():  # as cli.main does before it runs the app
+            result = CliRunner().invoke(app, [str(a) for a in args], env=env)
     AcceleratorState._reset_state(reset_partial_state=True)  # the next run chooses its own precision and devices
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):  # what a process would print

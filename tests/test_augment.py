@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 import yaml
+from test_training import kd_config
 
 from conftest import cli
 from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_config
-from distilkit.train import augment as augment_module
-from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 from distilkit.data.readers import DataError, Example
 from distilkit.data.tasks import named_task
 from distilkit.run import augment_for, run_experiment, scored_as_the_given
-from test_training import kd_config
+from distilkit.train import augment as augment_module
+from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
 
 EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
 

@@ -17,8 +17,8 @@ from filelock import FileLock
 from transformers import BertForSequenceClassification, BertTokenizerFast
 from typer.testing import CliRunner
 
-from conftest import make_tokenizer, tiny_bert_config, write_glue
-from distilkit.cli import _quiet_libraries, app
+from conftest import make_tokenizer, quiet_libraries, tiny_bert_config, write_glue
+from distilkit.cli import app
 
 
 @dataclass
@@ -309,7 +309,6 @@ CASES: dict[str, tuple] = {
 @pytest.fixture()
 def where(tmp_path, glue_dir, tiny_teacher, tiny_base_model, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _quiet_libraries()  # as `distilkit` (cli.main) does before running the app
     w = Where(tmp_path, glue_dir, tiny_teacher, tiny_base_model)
     w.monkeypatch = monkeypatch
     bad = write_glue(tmp_path / "bad-dev", n_train=16, n_dev=4)
@@ -318,7 +317,8 @@ def where(tmp_path, glue_dir, tiny_teacher, tiny_base_model, monkeypatch):
     lines[2] = lines[2].rsplit("\t", 1)[0] + "\t7"
     dev.write_text("\n".join(lines) + "\n")
     w.bad_dev = bad
-    yield w
+    with quiet_libraries():  # as `distilkit` (cli.main) does before running the app
+        yield w
     if getattr(w, "lock", None) is not None:
         w.lock.release()
     AcceleratorState._reset_state(reset_partial_state=True)  # in one process: leave no precision set for later tests

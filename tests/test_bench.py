@@ -11,17 +11,16 @@ import onnx
 import pytest
 import torch
 import yaml
+from transformers import AutoTokenizer
 
 from conftest import cli
-from distilkit.plans import Plans, load_plan, best_dev
 from distilkit.data.tasks import glue_task
 from distilkit.evaluate import profile
 from distilkit.evaluate.report import render_report
 from distilkit.evaluate.submission import submission_name, submission_rows
 from distilkit.export import OnnxStudent, export_onnx, onnx_parity, quantize_int8
 from distilkit.models.student import load_student, write_metadata
-from transformers import AutoTokenizer
-
+from distilkit.plans import Plans, best_dev, load_plan
 
 # ONNX ------------------------------------------------------------------------------------------
 

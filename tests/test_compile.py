@@ -9,12 +9,12 @@ import logging
 import pytest
 import torch
 import torch._dynamo
+from tiny_families import save_family_model
 from torch._dynamo.utils import counters
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from distilkit.models import features as features_module
 from distilkit.models.features import FeatureRequest, compile_layers, encoder_features
-from tiny_families import save_family_model
 
 EVERYTHING = FeatureRequest(hidden=frozenset({0, 1, 2}), attention=frozenset({1, 2}), logits=True)
 # batches of different sizes and lengths: each packs into a different number of rows of another length

@@ -18,7 +18,7 @@ from distilkit.config import load_config, method_params
 from distilkit.data.tasks import glue_task
 from distilkit.methods import MethodContext, Progress, get_method
 from distilkit.methods.lrc import gradient_perturbation
-from distilkit.models.features import Features, FeatureRequest
+from distilkit.models.features import FeatureRequest, Features
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ROOT / "src" / "distilkit" / "presets"

@@ -15,17 +15,16 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from test_bench import tiny_speed_plan
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from conftest import FILLER, SPECIAL, cli
-from distilkit.evaluate import profile
-from distilkit.plans import Plans, load_plan
-from test_bench import tiny_speed_plan
-from distilkit.cli import _quiet_libraries
 from distilkit.config import build_config
 from distilkit.data.dataset import teacher_inputs
+from distilkit.evaluate import profile
 from distilkit.evaluate.evaluator import evaluate_splits
 from distilkit.models.student import TransformerStudent
+from distilkit.plans import Plans, load_plan
 from distilkit.run import build_run, model_split, run_experiment
 
 
@@ -92,7 +91,6 @@ def test_one_tokenizer_carries_no_teacher_view(glue_dir, tiny_teacher, tiny_base
 def test_kd_across_tokenizers_through_the_cli(glue_dir, tiny_teacher, spelling_student, tmp_path, monkeypatch):
     monkeypatch.setenv("DISTILKIT_DATA", str(glue_dir))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _quiet_libraries()
     out = tmp_path / "kd"
     sets = {"task.name": "sst2", "teacher.model": tiny_teacher, "student.init": "pretrained",
             "student.pretrained": spelling_student, "method.name": "kd", "train.epochs": 2,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_families import FAMILY_NAMES, save_family_model, tokenizer_for
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from conftest import cli, write_glue
@@ -30,7 +31,6 @@ from distilkit.models.features import FeatureRequest, encoder_features
 from distilkit.models.student import build_student
 from distilkit.models.teacher import Teacher
 from distilkit.run import run_experiment
-from tiny_families import FAMILY_NAMES, save_family_model, tokenizer_for
 
 METHODS = {
     "kd": {"name": "kd"},

@@ -13,8 +13,15 @@ import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from conftest import cli, tiny_bert_config
-from distilkit.export import (OnnxStudent, calibration_feeds, export_onnx, int8_agreement, int8_check, layer_groups,
-                              quantize_int8)
+from distilkit.export import (
+    OnnxStudent,
+    calibration_feeds,
+    export_onnx,
+    int8_agreement,
+    int8_check,
+    layer_groups,
+    quantize_int8,
+)
 from distilkit.models.student import write_metadata
 
 TEXTS = ["the film was good", "a dull plot , really", "brilliant acting and a moving ending",

@@ -5,8 +5,16 @@ import logging
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast, DistilBertConfig, \
-    DistilBertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertModel,
+    BertTokenizerFast,
+    DistilBertConfig,
+    DistilBertForMaskedLM,
+    RobertaConfig,
+    RobertaForMaskedLM,
+)
 
 from conftest import cli
 from distilkit.models.mlm import HEAD_FILE, FittedMLMHead, MLMHeadError, of_model, own_mlm_head

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 import torch
+from tiny_families import FAMILY_NAMES, save_family_model
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from distilkit.models import features as features_module
 from distilkit.models.features import FeatureRequest, PackedLayout, encoder_features
-from tiny_families import FAMILY_NAMES, save_family_model
 
 PACKING = {"bert", "roberta", "xlm-roberta", "electra", "mpnet", "distilbert", "deberta-v2"}
 EVERYTHING = FeatureRequest(hidden=frozenset({0, 1, 2}), attention=frozenset({1, 2}), logits=True)

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_corpus import write_corpus
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
 from distilkit.plans import Plans, load_plan
 from distilkit.run import run_experiment
-from test_corpus import write_corpus
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "distilkit" / "presets"
 TINY_STUDENT = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random", "preset": None}
@@ -151,8 +151,9 @@ def test_codir_on_a_corpus_needs_a_bank_size(tmp_path, tiny_mlm_teacher):
 
 def test_codir_pre_refuses_a_fitted_head_over_another_vocabulary_than_its_encoder(tmp_path, tiny_base_model):
     """A head fitted for another encoder (its output size is not the encoder's vocabulary) is refused on load."""
-    from distilkit.models.mlm import FittedMLMHead, MLMHeadError
     import shutil
+
+    from distilkit.models.mlm import FittedMLMHead, MLMHeadError
 
     folder = tmp_path / "teacher"
     shutil.copytree(tiny_base_model, folder)

@@ -115,8 +115,9 @@ def test_a_cache_the_disk_cannot_hold_runs_the_teacher_live_to_the_same_student(
     """TinyBERT's features of a pair task's made pairs can outgrow a disk: the run goes on with the teacher at
     every step, says so on stderr, writes no cache, and trains the student a cache would have (to its float16
     rounding). Interrupted and resumed on a disk with room, it stays live: the student of an uninterrupted run."""
-    import yaml
     from types import SimpleNamespace
+
+    import yaml
 
     def config(name: str) -> dict:
         config = tiny_config(glue_dir, tiny_teacher, tmp_path / name, method={"name": "tinybert"},

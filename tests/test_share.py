@@ -1,6 +1,7 @@
 """Students ready to share: label names, model cards that match metrics.json, publishing (hub mocked)."""
 
 import json
+import os
 
 import pytest
 from huggingface_hub import ModelCard
@@ -128,6 +129,18 @@ def test_version_is_the_installed_package_version():
     assert result.returncode == 0 and result.stdout.strip() == f"distilkit {version('distilkit')}"
 
 
+def test_a_cli_call_in_the_tests_leaves_the_libraries_as_it_found_them(monkeypatch):
+    """`cli()` quiets transformers as `distilkit` does, then undoes it: later tests in the worker see the defaults."""
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    hf_logging.set_verbosity_warning()
+    assert cli("--version").returncode == 0
+    assert "TRANSFORMERS_VERBOSITY" not in os.environ and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+    assert hf_logging.get_verbosity() == hf_logging.WARNING
+
+
 @pytest.mark.parametrize("args, code, said", [
     (["--help"], 0, "distill"),
     (["distill", "missing.yaml"], 2, "config file missing.yaml does not exist"),
@@ -166,9 +179,9 @@ def test_throughput_is_timed_on_an_evenly_spaced_bounded_sample_of_dev():
 def test_teacher_scores_are_kept_by_teacher_tokens_and_gold_labels(tiny_teacher, tmp_path, monkeypatch):
     from distilkit.data.dataset import TokenizedDataset
     from distilkit.data.readers import Example
+    from distilkit.data.tasks import glue_task
     from distilkit.evaluate import against_teacher
     from distilkit.models.student import load_tokenizer
-    from distilkit.data.tasks import glue_task
     from distilkit.models.teacher import Teacher
 
     task = glue_task("sst2")

@@ -7,11 +7,8 @@ from datasets import ClassLabel, Dataset, Features, Value
 
 from conftest import _sentence
 from distilkit.config import ConfigError, build_config
-from distilkit.data.readers import DataError
-from distilkit.data.readers import read_data_file
-from distilkit.data.tasks import TaskSpec
-from distilkit.data.readers import read_split
-from distilkit.data.tasks import task_spec
+from distilkit.data.readers import DataError, read_data_file, read_split
+from distilkit.data.tasks import TaskSpec, task_spec
 from distilkit.run import run_experiment
 
 TASK = TaskSpec("custom", ("review",), "sentiment", ("neg", "pos"), ("accuracy",))

@@ -7,11 +7,17 @@ import numpy as np
 import pytest
 from transformers import BertTokenizerFast
 
-from distilkit.data.readers import DataError
 from distilkit.data.qa_windows import QADataset
+from distilkit.data.readers import DataError
 from distilkit.data.squad import QAExample, read_squad
-from distilkit.evaluate.squad import best_spans, exact_match, normalize_answer, squad_v1_scores, squad_v2_scores, \
-    token_f1
+from distilkit.evaluate.squad import (
+    best_spans,
+    exact_match,
+    normalize_answer,
+    squad_v1_scores,
+    squad_v2_scores,
+    token_f1,
+)
 
 GREEK = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "what", "is", "it", "who", "where", ".", ",", "?", *GREEK]

@@ -180,8 +180,8 @@ def test_cli_squad_finetune_distill_bad_records_pipeline_onnx_and_v2_scoring(tmp
     result = cli("predict", str(student / "final"), f"what was good ? ||| {context}")  # PyTorch: the same answer
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["answer"] == answer["answer"]
-    from distilkit.evaluate.profile import Deployment, format_record
     from distilkit.data.tasks import named_task
+    from distilkit.evaluate.profile import Deployment, format_record
 
     spec = named_task("squad")
     dev = QADataset(read_squad(squad_files["dev"]), BertTokenizerFast.from_pretrained(student / "final"), 24, 8)

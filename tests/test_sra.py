@@ -5,9 +5,9 @@ import json
 import math
 
 import numpy as np
-
 import pytest
 import torch
+from test_corpus import write_corpus
 from transformers import BertTokenizerFast
 
 from distilkit.config import build_config
@@ -19,7 +19,6 @@ from distilkit.models.bilstm import BiLSTMStudent, pair_features, segment
 from distilkit.models.features import FeatureRequest
 from distilkit.models.student import load_student
 from distilkit.run import run_experiment
-from test_corpus import write_corpus
 
 
 def test_sra_cosine_on_hand_worked_vectors():
@@ -107,8 +106,9 @@ def test_sra_distillation_then_fine_tuning_with_kd(tmp_path, tiny_base_model, ti
     assert saved["kind"] == "bilstm" and saved["bilstm"]["num_labels"] is None  # task-agnostic: no head
 
     # PCA initialisation: 16 principal components of the teacher's word embeddings
-    from distilkit.models.bilstm import pca_embeddings
     from transformers import AutoModel
+
+    from distilkit.models.bilstm import pca_embeddings
 
     reduced = pca_embeddings(AutoModel.from_pretrained(tiny_base_model).get_input_embeddings().weight, 16)
     assert reduced.shape[1] == 16 and reduced[:, 0].var() >= reduced[:, 1].var() >= reduced[:, 15].var()

@@ -9,10 +9,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from conftest import cli, crash_after_checkpoint
 from distilkit import machine
 from distilkit.config import build_config
 from distilkit.run import RunError, run_experiment
-from conftest import cli, crash_after_checkpoint
 
 PYTHON = sys.executable
 

@@ -53,6 +53,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def _fail(err: Exception) -> None:
     from pickle import UnpicklingError
+
     from rich.markup import escape
 
     if isinstance(err, UnpicklingError):
@@ -448,7 +449,8 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
 
     from distilkit.data.corpus import resolve_corpus_files
     from distilkit.data.readers import DATA_ENV
-    from distilkit.train.mlm_head import fit_mlm_head as fit, write_report
+    from distilkit.train.mlm_head import fit_mlm_head as fit
+    from distilkit.train.mlm_head import write_report
 
     try:
         if threads:

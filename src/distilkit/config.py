@@ -11,7 +11,6 @@ builds no config, `distilkit --help`, loads no torch).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path

@@ -16,7 +16,6 @@ import torch
 import transformers
 from filelock import FileLock
 
-
 CACHE_ENV = "DISTILKIT_CACHE"
 
 

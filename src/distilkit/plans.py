@@ -44,11 +44,19 @@ import yaml
 from filelock import FileLock, Timeout
 from pydantic import Field, PrivateAttr, ValidationError
 
-from distilkit.config import (ConfigError, ExperimentConfig, StrictModel, _describe, build_config, dump_config,
-                              same_config, same_run)
+from distilkit.config import (
+    ConfigError,
+    ExperimentConfig,
+    StrictModel,
+    _describe,
+    build_config,
+    dump_config,
+    same_config,
+    same_run,
+)
 from distilkit.evaluate.profile import FORMATS
-from distilkit.run import RunError, augment_for
 from distilkit.machine import atomic_write_text, move_aside
+from distilkit.run import RunError, augment_for
 
 PLAN_KEYS = ("start_from", "student_from", "teacher_from", "teachers_from")
 

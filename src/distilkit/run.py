@@ -23,27 +23,52 @@ import torch
 from accelerate.utils import broadcast_object_list
 
 from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
-from distilkit.config import PAIRS_RULE, PAIRS_RULE_COPIES, SMALL_SET_MIN_EXAMPLES, AugmentConfig, DataConfig, \
-    ExperimentConfig, dump_config
-from distilkit.train.augment import augmented_examples
+from distilkit.config import (
+    PAIRS_RULE,
+    PAIRS_RULE_COPIES,
+    SMALL_SET_MIN_EXAMPLES,
+    AugmentConfig,
+    DataConfig,
+    ExperimentConfig,
+    dump_config,
+)
 from distilkit.data.corpus import TextCorpus, resolve_corpus_files
 from distilkit.data.dataset import TokenizedDataset
-from distilkit.data.qa_windows import task_dataset
 from distilkit.data.masking import MaskedBatches
-from distilkit.data.readers import DATA_ENV, DataError, Example, MissingSplit, find_split_file, read_split, \
-    read_unlabeled, resolve_data_dir, without_scored
+from distilkit.data.qa_windows import task_dataset
+from distilkit.data.readers import (
+    DATA_ENV,
+    DataError,
+    Example,
+    MissingSplit,
+    find_split_file,
+    read_split,
+    read_unlabeled,
+    resolve_data_dir,
+    without_scored,
+)
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
-from distilkit.evaluate.against_teacher import (check_student_beat_teacher, check_teacher, measure_against_teacher,
-                                                teacher_scores)
+from distilkit.evaluate.against_teacher import (
+    check_student_beat_teacher,
+    check_teacher,
+    measure_against_teacher,
+    teacher_scores,
+)
 from distilkit.evaluate.profile import count_parameters
-from distilkit.machine import cache_root, environment, peak_rss_mb
+from distilkit.machine import atomic_write_text, cache_root, environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
+from distilkit.train.augment import augmented_examples
 from distilkit.train.cache import TeacherCache, TeacherSource, disk_shortfall
-from distilkit.machine import atomic_write_text
-from distilkit.train.distiller import Distiller, check_batch_share, make_accelerator, smallest_batch, \
-    steps_per_epoch, total_steps
+from distilkit.train.distiller import (
+    Distiller,
+    check_batch_share,
+    make_accelerator,
+    smallest_batch,
+    steps_per_epoch,
+    total_steps,
+)
 from distilkit.train.outdir import OutputDir, RunError  # noqa: F401  (RunError: raised by callers too)
 from distilkit.train.preflight import check_encodes, check_max_length, check_teachers_share_vocabulary
 

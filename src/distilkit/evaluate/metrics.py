@@ -6,7 +6,6 @@ import numpy as np
 
 from distilkit.data.tasks import TaskSpec
 
-
 # metrics where a smaller value is better (the best checkpoint is the lowest)
 LOWER_IS_BETTER = frozenset({"heldout_loss"})
 

@@ -27,7 +27,7 @@ from distilkit import losses
 from distilkit.config import MethodParams, register_method_params
 from distilkit.data.dataset import NO_CLASS
 from distilkit.data.tasks import TaskSpec
-from distilkit.models.features import Features, FeatureRequest
+from distilkit.models.features import FeatureRequest, Features
 from distilkit.models.student import uniform_layer_map
 from distilkit.train.progress import Progress
 

@@ -47,7 +47,7 @@ from torch import nn
 from distilkit import losses
 from distilkit.config import MethodParams
 from distilkit.methods.base import Method, register_method, weighted
-from distilkit.models.features import Features, FeatureRequest
+from distilkit.models.features import FeatureRequest, Features
 from distilkit.models.mlm import of_model, word_embeddings
 
 

@@ -48,7 +48,6 @@ from distilkit.models.refbert import RefBERTStudent, References
 from distilkit.models.student import load_tokenizer
 from distilkit.train.cache import TeacherCache
 
-
 log = logging.getLogger(__name__)
 
 

@@ -29,9 +29,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from distilkit.config import BILSTM_PRESETS, StudentConfig
 from distilkit.data.tasks import TaskSpec
-from distilkit.models.features import Features, FeatureRequest
-from distilkit.models.student import Student, read_metadata, register_student, save_tokenizer, write_metadata
+from distilkit.models.features import FeatureRequest, Features
 from distilkit.models.hub import resolve_model
+from distilkit.models.student import Student, read_metadata, register_student, save_tokenizer, write_metadata
 
 DEFAULTS = {"embedding_dim": 300, "pooling": "max", **BILSTM_PRESETS["BiLSTM-SRA"]}  # SRA's BiLSTM
 WEIGHTS_FILE = "model.safetensors"

@@ -30,6 +30,7 @@ import math
 import torch
 from torch import nn
 
+
 class FamilyError(ValueError):
     """A model, shape or setting a family cannot take; the message names the family, the field and the fix."""
 

@@ -39,7 +39,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 
 from distilkit.config import StrictModel, StudentConfig
 from distilkit.models.families import FamilyError, family_of
-from distilkit.models.features import Features, FeatureRequest, transformer_layers
+from distilkit.models.features import FeatureRequest, Features, transformer_layers
 from distilkit.models.hub import resolve_model
 from distilkit.models.student import STUDENT_KINDS, Student, TransformerStudent, register_student
 

@@ -16,14 +16,18 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification, \
-    AutoTokenizer, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 
 from distilkit.config import StudentConfig
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import FamilyError, family_of, layer_list_prefix
-from distilkit.models.features import Features, FeatureRequest, compile_layers, encoder_features, \
-    set_attention_scores
+from distilkit.models.features import FeatureRequest, Features, compile_layers, encoder_features, set_attention_scores
 from distilkit.models.hub import refused_pickle, resolve_model
 from distilkit.models.teacher import label_order, reorder_classifier
 

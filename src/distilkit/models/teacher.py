@@ -9,12 +9,18 @@ import pickle
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering, \
-    AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from distilkit.data.tasks import TaskSpec
 from distilkit.models.families import family_of
-from distilkit.models.features import Features, FeatureRequest, encoder_features
+from distilkit.models.features import FeatureRequest, Features, encoder_features
 from distilkit.models.hub import refused_pickle, resolve_model
 from distilkit.models.mlm import HEAD_FILE, MLMDistribution, teacher_mlm
 from distilkit.precision import autocast, module_device, to_device

@@ -43,7 +43,7 @@ from filelock import FileLock
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, teacher_inputs
 from distilkit.machine import atomic_write_text
-from distilkit.models.features import PADDING_SCORE, Features, FeatureRequest
+from distilkit.models.features import PADDING_SCORE, FeatureRequest, Features
 from distilkit.models.teacher import average_logits
 from distilkit.precision import to_device
 

@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import vs_textbrewer as vt  # noqa: E402
+
 from distilkit.config import build_config  # noqa: E402
 from distilkit.run import run_experiment  # noqa: E402
 
