@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 import yaml
-from test_training import kd_config
 
 from conftest import cli
 from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_config
@@ -16,6 +15,7 @@ from distilkit.data.tasks import named_task
 from distilkit.run import augment_for, run_experiment, scored_as_the_given
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
+from test_training import kd_config
 
 EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from test_bench import tiny_speed_plan
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
 from conftest import FILLER, SPECIAL, cli
@@ -26,6 +25,7 @@ from distilkit.evaluate.evaluator import evaluate_splits
 from distilkit.models.student import TransformerStudent
 from distilkit.plans import Plans, load_plan
 from distilkit.run import build_run, model_split, run_experiment
+from test_bench import tiny_speed_plan
 
 
 def make_spelling_tokenizer(directory: Path) -> BertTokenizerFast:

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_corpus import write_corpus
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
 from distilkit.plans import Plans, load_plan
 from distilkit.run import run_experiment
+from test_corpus import write_corpus
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "distilkit" / "presets"
 TINY_STUDENT = {"layers": 2, "hidden": 16, "heads": 4, "ffn": 32, "init": "random", "preset": None}

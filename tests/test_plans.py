@@ -5,13 +5,13 @@ import json
 
 import pytest
 import yaml
-from test_corpus import write_corpus
 
 from conftest import cli
 from distilkit.config import ConfigError, build_config
 from distilkit.demo import run_demo
 from distilkit.plans import Plans, load_plan, scored_as_today
 from distilkit.run import RunError
+from test_corpus import write_corpus
 
 
 def tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir) -> dict:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_corpus import write_corpus
 from transformers import BertTokenizerFast
 
 from distilkit.config import build_config
@@ -19,6 +18,7 @@ from distilkit.models.bilstm import BiLSTMStudent, pair_features, segment
 from distilkit.models.features import FeatureRequest
 from distilkit.models.student import load_student
 from distilkit.run import run_experiment
+from test_corpus import write_corpus
 
 
 def test_sra_cosine_on_hand_worked_vectors():

@@ -3,13 +3,13 @@
 import json
 
 import pytest
-from test_training import kd_config
 
 from conftest import cli
 from distilkit.config import build_config
 from distilkit.data.readers import DataError, read_tsv
 from distilkit.data.tasks import named_task
 from distilkit.run import run_experiment
+from test_training import kd_config
 
 
 def _texts(path):
