@@ -254,8 +254,13 @@ def test_runs_of_two_machines_are_no_pair_and_a_teacher_counts_only_its_own_mach
                                                                        "percent_of_teacher": 95.0},
               "speed": {"formats": {"onnx_int8": {"student_dev": {"f1": 79.5}}}}, "params": {"total": 1e6,
               "without_embeddings": 5e5}, "flops_per_sequence": None, "flop_ratio": None, "epochs": 1, "steps": 2,
-              "distill_wall_seconds": 3, "examples_per_second": 4, "teacher_forward_passes": 5, "peak_rss_mb": 6}
+              "distill_wall_seconds": 3, "train_seconds": 2.5, "examples_per_second": 4, "teacher_forward_passes": 5,
+              "peak_rss_mb": 6}
     assert "| 79.5000 (-0.50) |" in results_table([record])[-1]  # the int8 change in points too (it read -50.00)
+    assert "| 1 (2) | 3 | 4 |" in results_table([record])[-1]
+    # a run resumed before the loop's time was summed over processes: its wall time is the last process's only
+    record["train_seconds"] = 1856
+    assert "| 1 (2) | – | 4 |" in results_table([record])[-1]
 
 
 def test_runs_pair_only_on_one_kind_of_machine_not_just_one_cpu_name():
