@@ -116,6 +116,19 @@ def test_epochs_do_not_tell_runs_apart_when_max_steps_sets_the_length():
     assert not same_config(yaml.safe_dump(older, sort_keys=False), yaml.safe_dump(newer, sort_keys=False))
 
 
+def test_layer_selection_tells_runs_apart_only_where_it_picks_the_copied_layers():
+    # a pretrained student never reads it, so a changed default does not redo its finished runs
+    def differs(*overrides):
+        base = ["task.name=sst2", "teacher.model=t", *overrides]
+        saved = yaml.safe_load(dump_config(load_config(overrides=[*base, "student.layer_selection=uniform"])))
+        return not same_config(yaml.safe_dump(saved, sort_keys=False),
+                               dump_config(load_config(overrides=[*base, "student.layer_selection=first"])))
+    assert differs()  # init=teacher_layers: uniform and first copy different layers
+    assert not differs("student.init=pretrained", "student.pretrained=x")
+    assert not differs("student.teacher_layers=[1,3]")
+    assert not differs("student.kind=bilstm")
+
+
 def test_unknown_task_is_refused():
     with pytest.raises(ConfigError, match="unknown GLUE task"):
         load_config(None, ["task.name=sst3"])
