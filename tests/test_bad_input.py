@@ -246,7 +246,10 @@ CASES: dict[str, tuple] = {
                                             ["student.preset=S3-384 (its hidden 384) differs", "student.layers"]),
     "hidden not divisible by heads": (lambda w: w.distill("student.hidden=30", "student.heads=4"), ["divisible"]),
     "student deeper than teacher": (lambda w: w.distill("student.init=teacher_layers", "student.layers=9"),
-                                    ["9-layer student"]),
+                                    ["9-layer student", "student.layers to at most"]),
+    "student deeper than teacher, its first layers": (
+        lambda w: w.distill("student.init=teacher_layers", "student.layers=9", "student.layer_selection=first"),
+        ["9-layer student", "student.layers to at most"]),
     "teacher.model and teacher.models": (lambda w: w.distill(f"teacher.models=[{w.teacher}, {w.teacher}]"),
                                          ["teacher.model", "teacher.models", "not both"]),
     "several teachers for hidden states": (

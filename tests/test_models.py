@@ -94,7 +94,8 @@ def test_student_from_the_layers_of_a_teacher_without_a_head_copies_its_embeddin
     student's "bert." prefix: the layers were copied, the embeddings and pooler silently left random."""
     teacher = Teacher(str(tiny_base_model), glue_task("sst2"))
     assert not teacher.has_head
-    student = build_student(StudentConfig(layers=2, init="teacher_layers"), teacher.model, glue_task("sst2"))
+    student = build_student(StudentConfig(layers=2, init="teacher_layers", layer_selection="uniform"), teacher.model,
+                            glue_task("sst2"))
     copied = {f"bert.{name}": tensor for name, tensor in teacher.model.state_dict().items()
               if not name.startswith("encoder.layer.")}
     s_state = student.model.state_dict()

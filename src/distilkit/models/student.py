@@ -339,6 +339,9 @@ def _chosen_teacher_layers(cfg: StudentConfig, family, teacher_config, shape: di
                               "differs: drop it (student.layers sets the depth) or use init=random for other shapes")
     n_teacher = teacher_shape["layers"]
     n_student = shape.get("layers") or n_teacher
+    if n_student > n_teacher:
+        raise ValueError(f"a {n_student}-layer student cannot copy the layers of a {n_teacher}-layer teacher: set "
+                         f"student.layers to at most {n_teacher}, or student.init=random")
     chosen = cfg.teacher_layers or (list(range(1, n_student + 1)) if cfg.layer_selection == "first"
                                     else uniform_layer_map(n_student, n_teacher))
     if len(chosen) != n_student or not all(1 <= i <= n_teacher for i in chosen):
