@@ -127,6 +127,7 @@ def test_layer_selection_tells_runs_apart_only_where_it_picks_the_copied_layers(
     assert not differs("student.init=pretrained", "student.pretrained=x")
     assert not differs("student.teacher_layers=[1,3]")
     assert not differs("student.kind=bilstm")
+    assert differs("student.kind=refbert")  # a Transformer with a reference layer: it copies the chosen layers
 
 
 def test_unknown_task_is_refused():

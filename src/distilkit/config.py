@@ -607,12 +607,12 @@ def dump_config(config: ExperimentConfig) -> str:
 def what_runs(config: ExperimentConfig) -> dict:
     """The config's fields that decide what a run does. A field a run never reads is left out, so a changed default
     of it does not redo a finished run: train.epochs when train.max_steps sets the length, and student.layer_selection
-    unless a Transformer student copies teacher layers without naming them (student.teacher_layers)."""
+    unless the student copies teacher layers without naming them (student.teacher_layers; a BiLSTM copies none)."""
     data = config.model_dump(mode="json")
     if data["train"]["max_steps"]:
         del data["train"]["epochs"]
     student = data["student"]
-    if student["kind"] != "transformer" or student["init"] != "teacher_layers" or student["teacher_layers"]:
+    if student["kind"] == "bilstm" or student["init"] != "teacher_layers" or student["teacher_layers"]:
         del student["layer_selection"]
     return data
 
