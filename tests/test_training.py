@@ -56,6 +56,8 @@ output: {{dir: {tmp_path / 'student'}}}
     assert student_metrics["params"]["total"] < teacher_metrics["params"]["total"]
     for name in ("config.yaml", "env.json", "metrics.json", "log.jsonl"):
         assert (tmp_path / "student" / name).is_file(), name
+    # kd trains on outputs: the student copies the teacher's first layers (config.MethodParams.student_cut)
+    assert yaml.safe_load((tmp_path / "student" / "config.yaml").read_text())["student"]["layer_selection"] == "first"
     logged = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
     assert any("loss/soft" in record for record in logged)
 

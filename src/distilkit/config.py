@@ -41,6 +41,11 @@ class MethodParams(StrictModel):
     # True: where data.augment is unset, a small sentence-pair task is distilled on its sentences paired anew as well
     # (PAIRS_RULE)
     pairs_by_default: ClassVar[bool] = False
+    # the teacher layers a student cut from the teacher copies where student.layer_selection is unset. "first" (its
+    # embeddings and layers 1..n, a stack that lacks only its top) for methods that train on outputs; "uniform" (every
+    # k-th layer, the top one included) for those matching each student layer to a teacher layer, whose map reads the
+    # same layers (README, Choosing a method: benchmarks/results/layer-cut and demo-study2)
+    student_cut: ClassVar[Literal["uniform", "first"]] = "first"
 
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}
@@ -310,7 +315,7 @@ class StudentConfig(StrictModel):
     ffn: int | None = Field(None, ge=8)
     # teacher layers (1-based) copied into the student for init=teacher_layers; default: see layer_selection
     teacher_layers: list[int] | None = None
-    layer_selection: Literal["uniform", "first"] = "uniform"  # "first": the first n layers (Text Smoothing)
+    layer_selection: Literal["uniform", "first"] | None = None  # unset: the method's student_cut
     options: dict[str, Any] = Field(default_factory=dict)  # extra settings of non-transformer students
 
     @model_validator(mode="after")
@@ -491,6 +496,9 @@ class ExperimentConfig(StrictModel):
                  and getattr(_task_lookup(self.task.name), "answer_spans", False))
         if self.data.max_length is None:  # on a copy: a DataConfig the caller passed in may serve another config
             object.__setattr__(self, "data", self.data.model_copy(update={"max_length": 384 if spans else 128}))
+        if self.student.layer_selection is None:
+            object.__setattr__(self, "student",
+                               self.student.model_copy(update={"layer_selection": self.method.student_cut}))
         if spans:
             if self.task.doc_stride >= self.data.max_length:
                 raise ValueError(f"task.doc_stride={self.task.doc_stride} must be below data.max_length="

@@ -38,7 +38,7 @@ L2-normalised and weighs (1 − α₁)·CE + α₁·ρ²·KL; here eqs. (1), (2)
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -56,6 +56,7 @@ class CoDIR(Method):
     name = "codir"
 
     class Params(MethodParams):
+        student_cut: ClassVar[str] = "uniform"  # matches layer to layer: config.MethodParams.student_cut
         name: Literal["codir"] = "codir"
         objective: Literal["finetune", "pretrain"] = "finetune"  # CoDIR-Fine / CoDIR-Pre
         pooling: Literal["mean", "cls"] = "mean"  # eq. (3); [CLS] is the paper's Table 4 ablation

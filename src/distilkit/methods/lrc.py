@@ -41,7 +41,7 @@ accuracy −1.9 ± 0.4 for a fifth, lower at every seed) and tied on SST-2 8k (+
 benchmarks/results/protocol-dev/ (group 3i). `first_stage_fraction: 0.8` forces the paper's on any task.
 """
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +89,7 @@ class LRC(Method):
     name = "lrc"
 
     class Params(MethodParams):
+        student_cut: ClassVar[str] = "uniform"  # matches layer to layer: config.MethodParams.student_cut
         name: Literal["lrc"] = "lrc"
         layer_map: list[int] | None = None  # teacher layer φ(i) (1-based) for each student layer
         intermediate_loss: Literal["cos_nce", "mse"] = "cos_nce"  # mse: the paper's BERT_M ablation

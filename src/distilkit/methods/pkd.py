@@ -23,6 +23,11 @@ by heart. S3-384 from a T6 teacher's layers, the same steps, 3 seeds (benchmarks
 Pearson 0.8515 ± 0.0028 against 0.8237 ± 0.0035 on the given pairs, **+2.8 ± 0.3 paired by seed** (same CPU and
 teacher; 100.3 % of the teacher); MRPC F1 0.8556 ± 0.0012 against 0.8357 ± 0.0045 (+2.0, accuracy +3.6; group 5 on
 another kind of Xeon, unpaired). The label term reads the originals' gold labels only.
+
+The paper starts its students from the teacher's first k layers; a student cut from the teacher here copies every
+k-th layer instead (student_cut "uniform"), as for the other methods matching layer to layer: PKD from the first
+layers is unmeasured here, and TinyBERT lost from them (methods/tinybert.py). `student.layer_selection: first` runs
+the paper's.
 """
 
 from typing import ClassVar, Literal
@@ -50,6 +55,7 @@ class PKD(Method):
     name = "pkd"
 
     class Params(MethodParams):
+        student_cut: ClassVar[str] = "uniform"  # matches layer to layer: config.MethodParams.student_cut
         pairs_by_default: ClassVar[bool] = True  # config.PAIRS_RULE: see the module's docstring
         name: Literal["pkd"] = "pkd"
         strategy: Literal["skip", "last"] = "skip"

@@ -9,8 +9,7 @@ predict them, the head and pair structure are read from them, and at inference t
 
 Student learning: the student reads t̃ as soft word ids — its input embedding is t̃·E_student —
 and learns the task labels. At inference it reads ordinary ids. The paper's students start from the
-teacher's embeddings and first n layers: student.layer_selection: first (the preset text-smoothing-sst2 sets it;
-the default, uniform, spreads them).
+teacher's embeddings and first n layers, the cut of every method trained on outputs (config.MethodParams.student_cut).
 
 λ by default follows what the head predicts: 0.5, the paper's, on classes; 0.8 on a score or an answer span. On
 STS-B (S3-384 from the fine-tuned teacher's layers, 5 epochs, 3 seeds paired with labels only,

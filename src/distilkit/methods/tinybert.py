@@ -10,7 +10,10 @@ TinyBERT runs the two stages as two trainings; here they are two parts of one ru
 (1.0 gives pure intermediate distillation, e.g. for general distillation; 0.0 prediction only).
 `schedule: joint` instead sums every term at every step (one-stage; TextBrewer's GeneralDistiller
 runs soft-label KD plus projected hidden MSE this way), and `intermediate_fraction` is not used.
-The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers).
+The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers), and a student cut from the teacher
+copies the same layers (student_cut "uniform"): the T6 gathers the sentence into [CLS] only in its top layer, which
+layers 1/2/3 never reach, and from them TinyBERT lost 2.8 ± 0.5 points on SST-2 8k at the demo's budget (3 seeds,
+benchmarks/results/demo-study2), while labels only and kd gain from them (benchmarks/results/layer-cut).
 `hard_weight` adds the task's own loss on gold labels to the prediction stage (eq. 10 has none: TinyBERT's
 prediction data are mostly augmented, teacher-labelled copies). By default it follows what the head predicts:
 - classes: 0, the paper's. The teacher's distribution carries more than the label, and the label term lowered
@@ -46,6 +49,7 @@ class TinyBERT(Method):
     name = "tinybert"
 
     class Params(MethodParams):
+        student_cut: ClassVar[str] = "uniform"  # matches layer to layer: config.MethodParams.student_cut
         pairs_by_default: ClassVar[bool] = True  # config.PAIRS_RULE: see the module's docstring
         name: Literal["tinybert"] = "tinybert"
         layer_map: list[int] | None = None  # teacher layer (1-based) for each student layer
