@@ -9,13 +9,15 @@ Each MODEL_FOLDER is an SST-2 model in Hugging Face form (a cell's best/ or fina
 of SST-2 dev, in fp32 with eager attention (SDPA returns no attention weights).
 """
 
-import csv
-import os
 import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from distilkit.config import DataConfig, task_config
+from distilkit.data.readers import read_split
+from distilkit.data.tasks import task_spec
 
 
 @torch.inference_mode()
@@ -34,9 +36,8 @@ def cls_per_layer(folder: str, sentences: list[str]) -> list[tuple[float, float 
 
 
 def main(folders: list[str]) -> None:
-    dev = Path(os.environ.get("DISTILKIT_DATA", "../shared/data")) / "glue" / "SST-2" / "dev.tsv"
-    with open(dev, encoding="utf-8") as f:
-        sentences = [row["sentence"] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)][:256]
+    dev = read_split(task_spec(task_config({"name": "sst2"})), "dev", DataConfig())  # from $DISTILKIT_DATA, as a run
+    sentences = [example.texts[0] for example in dev[:256]]
     for folder in folders:
         if not (Path(folder) / "config.json").is_file():
             sys.exit(f"{folder} is not a model folder (no config.json): give a cell's best/ or final/")
