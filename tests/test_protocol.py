@@ -141,6 +141,23 @@ def test_the_protocol_table_pairs_each_method_with_labels_only_and_flags_a_weak_
                                "0.5634** | 0.5600 ± 0.0000 (112.0%) | – |")
 
 
+def test_the_protocol_table_can_give_each_method_its_own_student_against_one_labels_only_student():
+    """Issue 24 under the default cut: kd copies the first layers, TinyBERT every second one, and both answer to
+    labels only from the first layers (layer-cut's table of the defaults)."""
+    runs = {"teacher-sst2": _record("sst2", 42, 0.90)}
+    for seed, suffix in ((42, ""), (1, "-seed1")):
+        runs[f"sst2-finetune-first{suffix}"] = _record("sst2", seed, 0.80)
+        runs[f"sst2-finetune-uniform{suffix}"] = _record("sst2", seed, 0.70)  # not this table's baseline
+        runs[f"sst2-kd-first{suffix}"] = _record("sst2", seed, 0.82)
+        runs[f"sst2-tinybert-uniform{suffix}"] = _record("sst2", seed, {42: 0.79, 1: 0.77}[seed])
+    spec = {"caption": "{student}:", "teachers": {"sst2": "teacher-sst2"}, "cell": "{task}-{method}-{student}",
+            "baseline": "finetune", "methods": {"kd": "first", "tinybert": "uniform"}, "students": ["first"]}
+    lines = protocol_table(runs, spec)
+    assert lines[3] == "| task | metric | teacher | labels only (% of teacher) | kd (first) | tinybert (uniform) |"
+    assert lines[5] == ("| sst2 | accuracy | 0.9000 | 0.8000 ± 0.0000 (88.9%, 2 seeds) | +2.0 ± 0.0 (91.1%, 2 seeds) "
+                        "| -2.0 ± 1.4 (86.7%, 2 seeds) ✗ |")
+
+
 def test_the_protocol_table_of_squad_scores_gains_in_its_own_points():
     """SQuAD's EM and F1 are points already: its gains were multiplied by 100 (+150.0 for 1.5 points)."""
     runs = {"teacher-squad": {**_record("squad", 42, 80.0), "best": {"metric": "f1", "score": 80.0},

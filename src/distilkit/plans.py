@@ -287,6 +287,7 @@ class Plans:
                 continue
             tasks, students = list(spec["teachers"]), spec["students"]
             arms = {method: tasks for method in [spec["baseline"], *spec["methods"]]}
+            own = spec["methods"] if isinstance(spec["methods"], dict) else {}  # a method's own student
             for arm, by_task in spec.get("across_tasks", {}).items():
                 if unknown := set(by_task) - set(tasks):
                     raise ConfigError(f"plan {self.plan.name}: across_tasks arm {arm!r} names task(s) "
@@ -295,7 +296,7 @@ class Plans:
                     arms[method] = arms.get(method, []) + [task]
             for method, on_tasks in arms.items():
                 if not any(spec["cell"].format(task=t, method=method, student=s) in names
-                           for t in on_tasks for s in students):
+                           for t in on_tasks for s in ([own[method]] if own.get(method) else students)):
                     raise ConfigError(f"plan {self.plan.name}: protocol table method {method!r} matches no cell "
                                       f"({spec['cell']} over tasks {on_tasks} and students {students}); "
                                       "fix its spelling or remove it")

@@ -422,15 +422,20 @@ def row_teacher(teacher: dict | None, baseline: dict[int, dict]) -> dict | None:
 def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
     """Issue 24's table, one per student: per task, the teacher and the labels-only student, then each method's
     gain over labels only paired by seed (mean ± sd in points, and the method's mean as % of the teacher).
-    ✗ marks a method below labels only by more than one sd. A teacher is flagged weak when it scores below its
+    `methods` as a mapping gives a method its own student (e.g. the cut it takes by default) against the row's
+    labels-only student. ✗ marks a method below labels only by more than one sd. A teacher is flagged weak when it scores below its
     labels-only student, or when its runs found it near the constant prediction (`teacher_check`)."""
     import statistics
 
+    methods = spec["methods"] if isinstance(spec["methods"], dict) else dict.fromkeys(spec["methods"])
     lines = []
     for student in spec["students"]:
         rows, teachers = [], {}
         for task, teacher_cell in spec["teachers"].items():
             cell = partial(spec["cell"].format, task=task, student=student)  # a cell's name, given method=
+
+            def method_cell(method: str) -> str:
+                return spec["cell"].format(task=task, method=method, student=methods[method] or student)
             baseline = seeded(runs, cell(method=spec["baseline"]))
             teacher = row_teacher(runs.get(teacher_cell), baseline)
             labels = {seed: r for seed, r in baseline.items() if teacher and cpu(r) == cpu(teacher)}  # its students
@@ -443,15 +448,15 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             flags = []
             if top < statistics.mean(baseline):
                 flags.append("weak: below labels only")
-            row_runs = [r for m in [spec["baseline"], *spec["methods"]] for r in seeded(runs, cell(method=m)).values()
-                        if cpu(r) == cpu(teacher)]
+            row_runs = [r for name in [cell(method=spec["baseline"]), *map(method_cell, methods)]
+                        for r in seeded(runs, name).values() if cpu(r) == cpu(teacher)]
             weak = [r["teacher_check"] for r in row_runs if r.get("teacher_check", {}).get("weak")]  # this teacher's
             if weak:
                 flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
                    f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%{seed_count(len(baseline))})"]
-            for method in spec["methods"]:
-                found = [f for f in paired(runs, cell(method=spec["baseline"]), cell(method=method)) if f[0] in labels]
+            for method in methods:
+                found = [f for f in paired(runs, cell(method=spec["baseline"]), method_cell(method)) if f[0] in labels]
                 if not found:
                     row.append("–")
                     continue
@@ -466,7 +471,8 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
         if rows:
             lines += ["", spec["caption"].format(student=student), "",
                       "| task | metric | teacher | labels only (% of teacher) | "
-                      + " | ".join(spec["methods"]) + " |", "|---|---|---|---|" + "---|" * len(spec["methods"]), *rows]
+                      + " | ".join(m if own is None else f"{m} ({own})" for m, own in methods.items()) + " |",
+                      "|---|---|---|---|" + "---|" * len(methods), *rows]
         if rows and "across_tasks" in spec:
             every_task = {task: teachers.get(task) for task in spec["teachers"]}  # None: no labels-only run yet
             lines += across_tasks_table(runs, every_task, {"labels only": {t: spec["baseline"] for t in every_task},
