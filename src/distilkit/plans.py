@@ -281,13 +281,14 @@ class Plans:
     def check_protocol_tables(self) -> None:
         """A misspelt method or task in a protocol table would leave its column or line silently empty: each must
         name at least one cell of the plan."""
+        from distilkit.evaluate.report import method_students
         names = set(self.own) | set(self.included)
         for spec in self.plan.report.tables if self.plan.report else []:
             if spec.get("kind") != "protocol":
                 continue
             tasks, students = list(spec["teachers"]), spec["students"]
             arms = {method: tasks for method in [spec["baseline"], *spec["methods"]]}
-            own = spec["methods"] if isinstance(spec["methods"], dict) else {}  # a method's own student
+            own = method_students(spec)  # a method's own student, where the table gives one
             for arm, by_task in spec.get("across_tasks", {}).items():
                 if unknown := set(by_task) - set(tasks):
                     raise ConfigError(f"plan {self.plan.name}: across_tasks arm {arm!r} names task(s) "

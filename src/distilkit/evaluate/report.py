@@ -419,6 +419,11 @@ def row_teacher(teacher: dict | None, baseline: dict[int, dict]) -> dict | None:
     return None
 
 
+def method_students(spec: dict) -> dict[str, str | None]:
+    """A protocol table's methods, each with its own student where `methods` is a mapping (None: the row's)."""
+    return spec["methods"] if isinstance(spec["methods"], dict) else dict.fromkeys(spec["methods"])
+
+
 def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
     """Issue 24's table, one per student: per task, the teacher and the labels-only student, then each method's
     gain over labels only paired by seed (mean ± sd in points, and the method's mean as % of the teacher).
@@ -427,7 +432,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
     labels-only student, or when its runs found it near the constant prediction (`teacher_check`)."""
     import statistics
 
-    methods = spec["methods"] if isinstance(spec["methods"], dict) else dict.fromkeys(spec["methods"])
+    methods = method_students(spec)
     lines = []
     for student in spec["students"]:
         rows, teachers = [], {}
@@ -435,7 +440,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             cell = partial(spec["cell"].format, task=task, student=student)  # a cell's name, given method=
 
             def method_cell(method: str) -> str:
-                return spec["cell"].format(task=task, method=method, student=methods[method] or student)
+                return cell(method=method, student=methods[method] or student)
             baseline = seeded(runs, cell(method=spec["baseline"]))
             teacher = row_teacher(runs.get(teacher_cell), baseline)
             labels = {seed: r for seed, r in baseline.items() if teacher and cpu(r) == cpu(teacher)}  # its students
