@@ -296,10 +296,11 @@ class Plans:
                 for task, method in by_task.items():
                     arms[method] = arms.get(method, []) + [task]
             for method, on_tasks in arms.items():
+                tried = [own[method]] if own.get(method) else students
                 if not any(spec["cell"].format(task=t, method=method, student=s) in names
-                           for t in on_tasks for s in ([own[method]] if own.get(method) else students)):
+                           for t in on_tasks for s in tried):
                     raise ConfigError(f"plan {self.plan.name}: protocol table method {method!r} matches no cell "
-                                      f"({spec['cell']} over tasks {on_tasks} and students {students}); "
+                                      f"({spec['cell']} over tasks {on_tasks} and students {tried}); "
                                       "fix its spelling or remove it")
 
     def cell(self, name: str, chain: tuple[str, ...] = ()) -> Cell:
