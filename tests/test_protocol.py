@@ -328,3 +328,9 @@ def test_a_misspelt_method_or_task_in_a_protocol_table_is_refused_when_the_plan_
         change(next(t for t in plan.report.tables if t["kind"] == "protocol"))
         with pytest.raises(ConfigError, match=named):
             Plans(plan)
+    # a table giving each method its own student: a misspelt one is refused, naming it (not the table's students)
+    Plans(load_plan("layer-cut"))
+    plan = load_plan("layer-cut")
+    next(t for t in plan.report.tables if isinstance(t.get("methods"), dict))["methods"]["kd"] = "frist"
+    with pytest.raises(ConfigError, match=r"method 'kd' matches no cell .*students \['frist'\]"):
+        Plans(plan)
