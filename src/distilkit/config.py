@@ -42,9 +42,10 @@ class MethodParams(StrictModel):
     # (PAIRS_RULE)
     pairs_by_default: ClassVar[bool] = False
     # the teacher layers a student cut from the teacher copies where student.layer_selection is unset. "first" (its
-    # embeddings and layers 1..n, a stack that lacks only its top) for methods that train on outputs; "uniform" (every
-    # k-th layer, the top one included) for those matching each student layer to a teacher layer, whose map reads the
-    # same layers (README, Choosing a method: benchmarks/results/layer-cut and demo-study2)
+    # embeddings and layers 1..n, a stack that lacks only its top) for methods that train on outputs or on every layer
+    # pooled together (codir); "uniform" (every k-th layer, the top one included) for those matching each student
+    # layer to a teacher layer, whose map reads the same layers (README, Choosing a method: benchmarks/results/layer-cut
+    # and demo-study2)
     student_cut: ClassVar[Literal["uniform", "first"]] = "first"
 
 
