@@ -250,7 +250,8 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
                                                      ("refbert", False), ("codir", False), ("lrc", True)])
 def test_the_pairs_rule_takes_the_methods_measured_to_gain_from_the_pairs(method, takes_the_pairs):
     """kd, TinyBERT and PKD gained from the pairs on STS-B and MRPC (protocol-dev 1j/1k, 5r), LRC on STS-B (layer-cut);
-    RefBERT inherits TinyBERT's parameters but was not measured on them, CoDIR is being measured. Only a small pair task with a teacher and no unlabelled file."""
+    RefBERT inherits TinyBERT's parameters but was not measured on them; CoDIR waits for MRPC (layer-cut). Only a small
+    pair task with a teacher and no unlabelled file."""
     config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method}})
     chosen = augment_for(config, named_task("mrpc"), 3_668)
     assert (chosen is not None) == takes_the_pairs
