@@ -234,7 +234,7 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     assert metrics["train_examples_in_set"] == 64 and metrics["gold_labels"] is True and metrics["steps"] == 8
     assert metrics["eval_every_steps"] is None  # each epoch's end
     assert "augment_by_rule" not in metrics and "paired anew" not in given.stderr
-    other = distill(tmp_path / "codir", "--set", "method.name=codir")  # a method not measured on the pairs
+    other = distill(tmp_path / "finetune", "--set", "method.name=finetune")  # a method without pairs_by_default
     assert other.returncode == 0, other.stderr
     metrics = json.loads(other.stdout)
     assert metrics["train_examples_in_set"] == 64 and metrics["augment_by_rule"] is None
@@ -247,11 +247,11 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
 
 
 @pytest.mark.parametrize("method, takes_the_pairs", [("kd", True), ("tinybert", True), ("pkd", True),
-                                                     ("refbert", False), ("codir", False), ("lrc", True)])
+                                                     ("refbert", False), ("codir", True), ("lrc", True)])
 def test_the_pairs_rule_takes_the_methods_measured_to_gain_from_the_pairs(method, takes_the_pairs):
-    """kd, TinyBERT and PKD gained from the pairs on STS-B and MRPC (protocol-dev 1j/1k, 5r), LRC on STS-B (layer-cut);
-    RefBERT inherits TinyBERT's parameters but was not measured on them; CoDIR waits for MRPC (layer-cut). Only a small
-    pair task with a teacher and no unlabelled file."""
+    """kd, TinyBERT and PKD gained from the pairs on STS-B and MRPC (protocol-dev 1j/1k, 5r), LRC and CoDIR on STS-B
+    and MRPC (layer-cut); RefBERT inherits TinyBERT's parameters but was not measured on them. Only a small pair task
+    with a teacher and no unlabelled file."""
     config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method}})
     chosen = augment_for(config, named_task("mrpc"), 3_668)
     assert (chosen is not None) == takes_the_pairs

@@ -194,7 +194,7 @@ class AugmentConfig(StrictModel):
         return self
 
 
-# `data.augment` left unset: a method whose Params say pairs_by_default (kd, tinybert, pkd, lrc) distils a sentence-pair task of fewer than
+# `data.augment` left unset: a method whose Params say pairs_by_default (kd, tinybert, pkd, lrc, codir) distils a sentence-pair task of fewer than
 # SMALL_SET_MIN_EXAMPLES training examples on its own sentences paired anew as well ({scheme: pairs, copies:
 # PAIRS_RULE_COPIES}: AugSBERT's BM25 sampling, the teacher labelling every new pair), when a teacher is set and no
 # data.unlabeled_file is given. The pairs change what the student sees, not how long it trains: the run makes the steps

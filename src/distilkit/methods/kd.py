@@ -41,9 +41,9 @@ seen at fewer steps, so they are lower bounds of what the rule gives). At those 
 of the ~5x set, the rule's length the day before (5p: 4,460 and 2,865 steps, 2x and 1.4x the time), gave STS-B
 0.8568 ± 0.0005 (101.0 %) and MRPC F1 0.8544 ± 0.0008 (99.8 %, below 1j's 1,719 steps by 0.6 ± 0.5). A new pair is
 a new input the teacher knows and the student has not seen; a one-text task has no pairs to make (its unlabelled
-text: data.unlabeled_file). TinyBERT, PKD and LRC take them by default too (their docstrings: over themselves on
-the given pairs at the same steps, TinyBERT +1.9 Pearson on STS-B and +1.2 F1 on MRPC, PKD +2.8 ± 0.3 and +2.0, LRC
-+2.6 ± 0.3 on STS-B).
+text: data.unlabeled_file). TinyBERT, PKD, LRC and CoDIR take them by default too (their docstrings: over themselves
+on the given pairs at the same steps, TinyBERT +1.9 Pearson on STS-B and +1.2 F1 on MRPC, PKD +2.8 ± 0.3 and +2.0,
+LRC +2.6 ± 0.3 on STS-B, CoDIR +2.7 ± 0.2 on STS-B).
 
 Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
 softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;
