@@ -50,8 +50,8 @@ every example's class). S3-384 from the T6, the same steps either way, 3 seeds p
 STS-B from 2/4/6 Pearson 0.8513 ± 0.0014 (100.1 % of the teacher), +2.7 ± 0.2 over CoDIR on the given pairs and +1.1 ±
 0.6 over labels only from 1/2/3; MRPC from 1/2/3 F1 0.8444 ± 0.0050 (98.2 %), +0.8 ± 0.6 over CoDIR on the given pairs
 (accuracy +1.6 ± 0.8, ahead at every seed) and +1.4 ± 0.5 over labels only from 1/2/3. On the pairs the contrastive
-term falls near zero (in-batch negatives are easy: L_CRD 0.001-0.005 from a quarter of the run on, against 0.7-3 with
-label-aware ones; MRPC, seed 42), so CoDIR there is mostly CE + KD; it stays below kd's default on MRPC (F1 0.8562).
+term falls near zero (in-batch negatives are easy: L_CRD 0.0007-0.005 from a quarter of the run on, against 0.7-3.1
+with label-aware ones; MRPC, 3 seeds; benchmarks/results/layer-cut/codir_crd_loss.json), so CoDIR there is mostly CE + KD; it stays below kd's default on MRPC (F1 0.8562).
 """
 
 from __future__ import annotations
