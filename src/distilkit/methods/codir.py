@@ -75,7 +75,6 @@ class CoDIR(Method):
     name = "codir"
 
     class Params(MethodParams):
-        student_cut: ClassVar[str] = "first"  # no layer-to-layer map: see the module's docstring
         pairs_by_default: ClassVar[bool] = True  # config.PAIRS_RULE: see the module's docstring
         name: Literal["codir"] = "codir"
         objective: Literal["finetune", "pretrain"] = "finetune"  # CoDIR-Fine / CoDIR-Pre
