@@ -247,21 +247,34 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
 
 
 @pytest.mark.parametrize("method, takes_the_pairs", [("kd", True), ("tinybert", True), ("pkd", True),
-                                                     ("refbert", False), ("codir", True), ("lrc", True)])
+                                                     ("refbert", False), ("codir", True), ("lrc", True),
+                                                     ("text_smoothing", True), ("finetune", False)])
 def test_the_pairs_rule_takes_the_methods_measured_to_gain_from_the_pairs(method, takes_the_pairs):
     """kd, TinyBERT and PKD gained from the pairs on STS-B and MRPC (protocol-dev 1j/1k, 5r), LRC and CoDIR on STS-B
-    and MRPC (layer-cut); RefBERT inherits TinyBERT's parameters but was not measured on them. Only a small pair task
-    with a teacher and no unlabelled file."""
+    and MRPC, Text Smoothing with the teacher's soft labels on MRPC (layer-cut); RefBERT inherits TinyBERT's
+    parameters but was not measured on them. Only a small pair task with a teacher that has the task's head (it
+    labels the new pairs) and no unlabelled file."""
     config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method}})
-    chosen = augment_for(config, named_task("mrpc"), 3_668)
+    chosen = augment_for(config, named_task("mrpc"), 3_668, teacher_labels=True)
     assert (chosen is not None) == takes_the_pairs
     if takes_the_pairs:
         assert chosen.scheme == "pairs" and chosen.copies == 4
-    assert augment_for(config, named_task("mrpc"), 64_000) is None  # not a small set
-    assert augment_for(config, named_task("sst2"), 3_668) is None  # one text per example: no pairs to make
+    assert augment_for(config, named_task("mrpc"), 3_668, teacher_labels=False) is None  # no head: nothing labels
+    assert augment_for(config, named_task("mrpc"), 64_000, teacher_labels=True) is None  # not a small set
+    assert augment_for(config, named_task("sst2"), 3_668, teacher_labels=True) is None  # one text: no pairs to make
     opted_out = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method},
                               "data": {"augment": None}})
-    assert augment_for(opted_out, named_task("mrpc"), 3_668) is None
+    assert augment_for(opted_out, named_task("mrpc"), 3_668, teacher_labels=True) is None
+
+
+def test_text_smoothing_takes_the_pairs_only_with_the_teachers_soft_labels():
+    """The new pairs carry no gold label, only the teacher's: Text Smoothing's label term alone learns nothing
+    from them, so they come with its kd term (on by default where the teacher is fine-tuned), not without it."""
+    def rule(kd_weight):
+        config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"},
+                               "method": {"name": "text_smoothing", "kd_weight": kd_weight}})
+        return augment_for(config, named_task("mrpc"), 3_668, teacher_labels=True)
+    assert rule(0) is None and rule(0.5).scheme == "pairs"
 
 
 def test_a_new_pair_equal_to_a_dev_pair_is_left_out(tmp_path, capsys):

@@ -319,3 +319,34 @@ def test_text_smoothing_lambda_follows_the_head_unless_set(tmp_path, glue_dir, t
                               student={"layers": 2, "layer_selection": "first"}, method=method))
     assert built.method.params.lam == expected
     assert built.method.params.smoothing_teacher == str(tiny_base_model)  # unset: teacher.model, and says so
+    assert built.method.params.kd_weight == 0.0  # a teacher without the task's head has no soft labels to add
+
+
+def test_text_smoothing_learns_a_fine_tuned_teachers_soft_labels_on_the_pairs_by_default(tmp_path, glue_dir,
+                                                                                         tiny_teacher, tiny_base_model):
+    """As a user runs it on a small pair task with their fine-tuned teacher (the base model smoothing): the kd term
+    on (kd_weight 1) and the task's sentences paired anew, in the given pairs' steps, as kd's default;
+    method.kd_weight=0 is the paper's recipe on the given pairs."""
+    def distill(out, *extra):
+        return cli("distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}", "--set", "data.max_length=32",
+                   "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=text_smoothing",
+                   "--set", "method.top_k=4", "--set", f"method.smoothing_teacher={tiny_base_model}",
+                   "--set", "student.layers=2", "--set", "student.layer_selection=first", "--set", "train.epochs=1",
+                   "--set", "train.batch_size=16", "--set", "train.mixed_precision='no'", "--set", "train.log_every=1",
+                   "--set", f"output.dir={out}", *extra)
+
+    result = distill(tmp_path / "default")
+    assert result.returncode == 0, result.stderr
+    assert "data.augment unset: text_smoothing learns from this small sentence-pair task's sentences" in result.stderr
+    metrics = json.loads(result.stdout)
+    assert metrics["resolved_defaults"]["kd_weight"] == 1.0 and metrics["augment_by_rule"]["scheme"] == "pairs"
+    assert metrics["steps"] == 4 and metrics["gold_labelled_examples"] == 64 < metrics["train_examples_in_set"]
+    logged = [json.loads(line) for line in (tmp_path / "default" / "log.jsonl").read_text().splitlines()]
+    assert any("loss/label" in r and "loss/kd" in r for r in logged)
+
+    paper = distill(tmp_path / "paper", "--set", "method.kd_weight=0")
+    assert paper.returncode == 0, paper.stderr
+    metrics = json.loads(paper.stdout)
+    assert metrics["augment_by_rule"] is None and metrics["train_examples_in_set"] == 64 and metrics["steps"] == 4
+    logged = [json.loads(line) for line in (tmp_path / "paper" / "log.jsonl").read_text().splitlines()]
+    assert any("loss/label" in r for r in logged) and not any("loss/kd" in r for r in logged)

@@ -107,12 +107,14 @@ def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Ex
     return capped(train, config.data.max_train_examples), dev
 
 
-def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int) -> AugmentConfig | None:
-    """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method."""
+def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int, teacher_labels: bool
+                ) -> AugmentConfig | None:
+    """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method;
+    `teacher_labels`: the teacher has the task's head, to label new pairs."""
     if config.data.augment != PAIRS_RULE:
         return config.data.augment
     fires = (config.method.pairs_by_default and task.is_pair and not task.answer_spans
-             and train_size < SMALL_SET_MIN_EXAMPLES and config.teacher.first and not config.data.unlabeled_file)
+             and train_size < SMALL_SET_MIN_EXAMPLES and teacher_labels and not config.data.unlabeled_file)
     return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
 
 
@@ -265,11 +267,11 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         train_examples, held_out_dev = training_examples(config, task)
         scored = eval_examples(config, task, held_out_dev)
         given = len(train_examples)
-        augment = augment_for(config, task, given)
+        teachers = load_teachers(config, task, accelerator)  # before a transfer set is built: a wrong one is refused
+        augment = augment_for(config, task, given, bool(teachers) and teachers[0].has_head)
         teacher_labels = augment is not None or config.data.unlabeled_file  # new examples without
         if not teacher_labels and not task.answer_spans and any(e.label is None for e in train_examples):
             raise DataError("training examples need labels")
-        teachers = load_teachers(config, task, accelerator)  # before a transfer set is built: a wrong one is refused
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
         scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
         if augment is not None and config.data.augment == PAIRS_RULE:

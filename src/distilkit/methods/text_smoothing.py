@@ -22,12 +22,20 @@ embeddings, a bug fixed 2026-11-27: to be rerun).
 On SQuAD v1.1 (the same kind of student, benchmarks/results/squad) λ 0.5 lost 4.2 ± 0.3 EM to labels only and λ 0.8
 0.7 ± 0.2 (3 seeds): an answer span is exact words too.
 
-The paper smooths with a teacher that is not fine-tuned (teacher.model: minilm-l6). `kd_weight` > 0
-adds Hinton's soft-label term T²·KL (the combination of smoothed texts and smoothed labels the paper
-leaves to future work); it needs a fine-tuned teacher.model, and then `smoothing_teacher: minilm-l6`
-keeps the MLM step on the base model. A fine-tuned teacher without an MLM head is refused as the
-smoothing teacher: its last layer no longer predicts words, and its tied projection would smooth with
-near-uniform noise.
+The paper smooths with a teacher that is not fine-tuned (teacher.model: minilm-l6) and learns the labels alone.
+`kd_weight` adds Hinton's soft-label term T²·KL (the combination of smoothed texts and smoothed labels the paper
+leaves to future work); it needs a fine-tuned teacher.model, and then `smoothing_teacher` keeps the MLM step on the
+base model. A fine-tuned teacher without an MLM head is refused as the smoothing teacher: its last layer no longer
+predicts words, and its tied projection would smooth with near-uniform noise.
+
+kd_weight by default follows the teacher: 1 (T 2) with a fine-tuned teacher.model, 0 (the paper's recipe) with a
+base one; with the term on, a small sentence-pair task is distilled on its sentences paired anew as well, as kd's
+default (config.PAIRS_RULE: the new pairs' only labels are the teacher's). The paper's recipe was the one default
+below labels only on the development group: on MRPC (S3-384 from the fine-tuned T6's layers 1/2/3, 3 seeds paired,
+benchmarks/results/layer-cut) F1 −0.4 ± 0.1, and −0.4 ± 0.4 at λ 0.8, so not λ; with the T6's soft labels on the
+pairs +2.5 ± 0.3 at every seed (99.6 % of the T6), level with kd (−0.0 ± 0.4). STS-B and SST-2 8k: layer-cut's
+`text_smoothing-kd` cells (README, Choosing a method). The smoothing adds little to the soft labels; what a
+user with a fine-tuned teacher loses without them is what carries kd.
 
 The smoothing teacher reads the unchanged training set, so its MLM top-k (ids int32, probabilities
 float16) is computed once before training and kept in the teacher cache; a step only mixes in λ.
@@ -82,8 +90,13 @@ class TextSmoothing(Method):
         mlm_temperature: float = Field(1.0, gt=0)  # t in softmax(h_L·Eᵀ/t); the paper has none (t = 1)
         smoothing_teacher: str | None = None  # a separate model for the MLM step; default: teacher.model
         label_weight: float = Field(1.0, ge=0)
-        kd_weight: float = Field(0.0, ge=0)  # > 0 adds the soft-label KD term (needs a fine-tuned teacher)
+        # the soft-label KD term's weight; None: 1 with a fine-tuned teacher.model (its logits), else 0 (module docstring)
+        kd_weight: float | None = Field(None, ge=0)
         kd_temperature: float = Field(2.0, gt=0)
+
+        @property
+        def pairs_by_default(self) -> bool:  # config.PAIRS_RULE, where the teacher's soft labels are learnt:
+            return self.kd_weight != 0  # the new pairs' only labels are the teacher's, nothing to the label term
 
     @classmethod
     def token_aligned_terms(cls, params):
@@ -92,6 +105,8 @@ class TextSmoothing(Method):
     def __init__(self, params, ctx):
         if params.lam is None:
             params = params.model_copy(update={"lam": 0.8 if ctx.task.is_regression or ctx.task.answer_spans else 0.5})
+        if params.kd_weight is None:
+            params = params.model_copy(update={"kd_weight": float(ctx.teacher.has_head)})
         if params.smoothing_teacher is None:  # written back, so that resolved_defaults names the model used
             params = params.model_copy(update={"smoothing_teacher": ctx.teacher.name})
         super().__init__(params, ctx)
