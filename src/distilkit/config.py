@@ -197,9 +197,10 @@ class AugmentConfig(StrictModel):
 # `data.augment` left unset: a method whose Params say pairs_by_default (kd, tinybert, pkd, lrc, codir; text_smoothing
 # with its kd term) distils a sentence-pair task of fewer than SMALL_SET_MIN_EXAMPLES training examples on its own
 # sentences paired anew as well ({scheme: pairs, copies: PAIRS_RULE_COPIES}: AugSBERT's BM25 sampling, the teacher
-# labelling every new pair), when the teacher has the task's head and no data.unlabeled_file is given. The pairs change what the student sees, not how long it trains: the run makes the steps
-# the given pairs would (train.max_steps unset; the epochs counted over the given pairs), so the default costs what
-# distilling without them does and compares with labels only at one budget. Evidence in methods/kd.py. Saved as these
+# labelling every new pair), when the teacher has the task's head and no data.unlabeled_file is given. The pairs
+# change what the student sees, not how long it trains: the run makes the steps the given pairs would
+# (train.max_steps unset; the epochs counted over the given pairs), so the default costs what distilling without
+# them does and compares with labels only at one budget. Evidence in methods/kd.py. Saved as these
 # words, so that a run's config.yaml says what it relied on and a changed rule is another value (as LENGTH_RULE)
 PAIRS_RULE = "pairs on a small sentence-pair task, for a method that takes them, in the given pairs' steps"
 PAIRS_RULE_COPIES = 4
