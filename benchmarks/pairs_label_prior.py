@@ -40,7 +40,7 @@ def main(config_path: str, teacher: str) -> None:
     task = task_spec(config.task)
     given, held_out = training_examples(config, task)
     scored = [e.texts for examples in eval_examples(config, task, held_out).values() for e in examples]
-    rule = augment_for(config, task, len(given), teacher_labels=True)  # the fine-tuned teacher below
+    rule = augment_for(config, task, len(given), teacher_has_head=True)  # the fine-tuned teacher below
     new = augmented_examples(given, rule, None, cache_root(config.teacher.cache_dir), scored=scored)[len(given):]
     rng = random.Random(0)
     new_sample, given_sample = rng.sample(new, SAMPLE), rng.sample(given, SAMPLE)

@@ -255,16 +255,16 @@ def test_the_pairs_rule_takes_the_methods_measured_to_gain_from_the_pairs(method
     parameters but was not measured on them. Only a small pair task with a teacher that has the task's head (it
     labels the new pairs) and no unlabelled file."""
     config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method}})
-    chosen = augment_for(config, named_task("mrpc"), 3_668, teacher_labels=True)
+    chosen = augment_for(config, named_task("mrpc"), 3_668, teacher_has_head=True)
     assert (chosen is not None) == takes_the_pairs
     if takes_the_pairs:
         assert chosen.scheme == "pairs" and chosen.copies == 4
-    assert augment_for(config, named_task("mrpc"), 3_668, teacher_labels=False) is None  # no head: nothing labels
-    assert augment_for(config, named_task("mrpc"), 64_000, teacher_labels=True) is None  # not a small set
-    assert augment_for(config, named_task("sst2"), 3_668, teacher_labels=True) is None  # one text: no pairs to make
+    assert augment_for(config, named_task("mrpc"), 3_668, teacher_has_head=False) is None  # no head: nothing labels
+    assert augment_for(config, named_task("mrpc"), 64_000, teacher_has_head=True) is None  # not a small set
+    assert augment_for(config, named_task("sst2"), 3_668, teacher_has_head=True) is None  # one text: no pairs to make
     opted_out = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"}, "method": {"name": method},
                               "data": {"augment": None}})
-    assert augment_for(opted_out, named_task("mrpc"), 3_668, teacher_labels=True) is None
+    assert augment_for(opted_out, named_task("mrpc"), 3_668, teacher_has_head=True) is None
 
 
 def test_text_smoothing_takes_the_pairs_only_with_the_teachers_soft_labels():
@@ -273,7 +273,7 @@ def test_text_smoothing_takes_the_pairs_only_with_the_teachers_soft_labels():
     def rule(kd_weight):
         config = build_config({"task": {"name": "mrpc"}, "teacher": {"model": "minilm-l6"},
                                "method": {"name": "text_smoothing", "kd_weight": kd_weight}})
-        return augment_for(config, named_task("mrpc"), 3_668, teacher_labels=True)
+        return augment_for(config, named_task("mrpc"), 3_668, teacher_has_head=True)
     assert rule(0) is None and rule(0.5).scheme == "pairs"
 
 

@@ -703,8 +703,8 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
 
     chosen = metrics["augment_by_rule"]
     given = metrics.get("gold_labelled_examples", metrics["train_examples_in_set"])  # the originals, as the rule saw
-    teacher_labels = bool(metrics.get("teacher_scores"))  # scored on the task: it had the task's head
-    today = augment_for(config, task_spec(config.task), given, teacher_labels)
+    teacher_has_head = bool(metrics.get("teacher_scores"))  # scored on the task: it had the task's head
+    today = augment_for(config, task_spec(config.task), given, teacher_has_head)
     return (today and (today.scheme, today.copies)) == (chosen and (chosen["scheme"], chosen["copies"]))
 
 

@@ -107,14 +107,14 @@ def training_examples(config: ExperimentConfig, task: TaskSpec) -> tuple[list[Ex
     return capped(train, config.data.max_train_examples), dev
 
 
-def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int, teacher_labels: bool
+def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int, teacher_has_head: bool
                 ) -> AugmentConfig | None:
     """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method;
-    `teacher_labels`: the teacher has the task's head, to label new pairs."""
+    `teacher_has_head`: the teacher has the task's head, to label new pairs."""
     if config.data.augment != PAIRS_RULE:
         return config.data.augment
     fires = (config.method.pairs_by_default and task.is_pair and not task.answer_spans
-             and train_size < SMALL_SET_MIN_EXAMPLES and teacher_labels and not config.data.unlabeled_file)
+             and train_size < SMALL_SET_MIN_EXAMPLES and teacher_has_head and not config.data.unlabeled_file)
     return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
 
 
