@@ -53,6 +53,12 @@ def _on_small_disk(w: Where, args: list[str]) -> list[str]:
     return args
 
 
+def _mistyped_relative_teacher(w: Where) -> str:
+    """`teachers/robera-cls` typed from the folder above teachers/: a folder path, not a hub id (offline or not)."""
+    w.monkeypatch.chdir(w.teacher.parent.parent)
+    return f"{w.teacher.parent.name}/{w.teacher.name}x"
+
+
 def _roberta_teacher(w: Where) -> Path:
     from tiny_families import save_family_model
     return save_family_model("roberta", w.tmp / "roberta")  # its tokenizer gives no token_type_ids
@@ -139,6 +145,16 @@ def _finished_run(w: Where) -> Path:
     return out
 
 
+def _run_folder(w: Where) -> Path:
+    """A finished run: its model is in best/ and final/, not in the folder itself."""
+    import shutil
+
+    out = _finished_run(w)
+    for saved in ("best", "final"):
+        shutil.copytree(w.teacher, out / saved)
+    return out
+
+
 def _locked(w: Where) -> Path:
     out = w.tmp / "busy"
     out.mkdir()
@@ -207,10 +223,19 @@ CASES: dict[str, tuple] = {
     "GLUE train file missing": (lambda w: w.distill(f"data.dir={w.tmp}", "task.name=stsb"),
                                 ["no train file", "STS-B"]),
     "custom file missing": (lambda w: w.custom(w.tmp / "none.tsv"), ["none.tsv", "does not exist"]),
+    "custom file missing, relative": (lambda w: w.custom(Path("data") / "none.tsv"),
+                                      ["data/none.tsv does not exist", "read from the working folder"]),
     "custom file type": (lambda w: w.custom(w.file("train.txt", TSV)), ["train.txt", "unsupported file type"]),
     "not UTF-8": (lambda w: w.custom(w.file("latin1.tsv", TSV.encode() + "caf\xe9\t1\n".encode("latin-1"))),
                   ["latin1.tsv:4", "UTF-8"]),
     "header-only file": (lambda w: w.custom(w.file("header.tsv", "text\tlabel\n")), ["header.tsv", "no examples"]),
+    "labels read as booleans": (lambda w: w.custom(w.file("yn.tsv", "text\tlabel\nhi\tyes\n"), "task.labels=[no, yes]"),
+                                ["task.labels", "quote each label"]),
+    "a key in the wrong section": (lambda w: w.distill("data.train_file=x.csv"),
+                                   ["data.train_file", "did you mean task.train_file"]),
+    "classification labels unlisted": (lambda w: w.distill("task.name=custom", "task.text_columns=[text]",
+                                                           f"task.train_file={w.file('t.tsv', TSV)}"),
+                                       ["predicts 2 labels", "regression", "task.labels"]),
     "bad training label": (lambda w: w.custom(w.file("labels.tsv", TSV + "fine\tmaybe\n")),
                            ["labels.tsv:4", "'maybe'"]),
     "wrong field count": (lambda w: w.custom(w.file("fields.tsv", TSV + "one\ttwo\tthree\n")),
@@ -229,6 +254,10 @@ CASES: dict[str, tuple] = {
     "teacher folder without config": (lambda w: w.distill(f"teacher.model={w.glue}"), ["no config.json"]),
     "teacher folder without tokenizer": (lambda w: w.distill(f"teacher.model={_teacher_without_tokenizer(w)}"),
                                          ["no-tokenizer has no tokenizer files", "save the tokenizer"]),
+    "teacher folder mistyped, relative": (lambda w: w.distill(f"teacher.model={_mistyped_relative_teacher(w)}"),
+                                          ["does not exist", "not read as a hub id", "did you mean", "tiny-teacher"]),
+    "a base model as kd's teacher": (lambda w: w.distill(f"teacher.model={w.base}"),
+                                     ["no classification head", "fine-tune it first"]),
     "misspelt alias": (lambda w: w.distill("teacher.model=minilm-l7"), ["minilm-l7", "did you mean", "minilm-l6"]),
     "hub id while offline": (lambda w: w.distill("teacher.model=bert-base-uncasedd"), ["HF_HUB_OFFLINE"]),
     "inputs longer than positions": (
@@ -297,10 +326,17 @@ CASES: dict[str, tuple] = {
     "predict mixed forms": (lambda w: ["predict", str(w.teacher), "a", "b ||| c"], ["mix of single texts"]),
     "predict text too long": (lambda w: ["predict", str(w.teacher), LONG, "--max-length", "200"],
                               ["64 positions", "--max-length"]),
+    "predict a run folder": (lambda w: ["predict", str(_run_folder(w)), "hi"],
+                             ["has no config.json", "a distilkit run folder", "best"]),
     "predict model missing": (lambda w: ["predict", str(w.tmp / "nomodel"), "hi"], ["nomodel", "does not exist"]),
     "predict ONNX not exported": (lambda w: ["predict", str(w.teacher), "hi", "--onnx"], ["model.onnx",
                                                                                            "distilkit export"]),
     "evaluate without task": (lambda w: ["evaluate", str(w.teacher)], ["--task"]),
+    "evaluate a split read without labels": (
+        lambda w: ["evaluate", str(w.teacher), "--task", "custom", "--split", "test",
+                   *[a for s in ("text_columns=[text]", "labels=['0','1']", f"train_file={w.file('t.tsv', TSV)}",
+                                 f"test_file={w.file('test.tsv', TSV)}") for a in ("--task-set", s)]],
+        ["split test is read without labels", "dev_file"]),
     "ONNX export of a BiLSTM student": (lambda w: ["export", str(_bilstm_student(w)), str(w.tmp / "deploy"), "--onnx"],
                                         ["bilstm holds a bilstm student", "without --onnx"]),
     "export into a full folder": (lambda w: ["export", str(w.teacher), str(w.glue)], ["not empty"]),

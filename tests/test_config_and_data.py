@@ -206,6 +206,18 @@ def test_custom_jsonl_and_csv(tmp_path):
     assert read_table(spec, csv_file)[0].texts == ("a, quoted",)
 
 
+def test_integer_labels_and_one_text_column_read_as_a_user_writes_them(tmp_path):
+    """`labels: [0, 1]` is the labels "0" and "1" of a JSONL file's 0 and 1; `text_columns: review` one column."""
+    from distilkit.config import task_config
+    from distilkit.data.tasks import task_spec
+
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text('{"review": "fine", "label": 1}\n{"review": "meh", "label": 0}\n')
+    task = task_config({"name": "custom", "text_columns": "review", "labels": [0, 1], "train_file": str(jsonl)})
+    assert task.text_columns == ["review"] and task.labels == ["0", "1"]
+    assert [e.label for e in read_table(task_spec(task), jsonl)] == [1, 0]
+
+
 def test_a_custom_tsv_is_read_as_pandas_writes_it(tmp_path):
     """pandas and the csv module quote a field holding a quote, a tab or a line break; read unquoted (as GLUE's
     files are), such a file trained on text with the quotes doubled."""

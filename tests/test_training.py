@@ -197,9 +197,25 @@ def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_te
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text("something: else\n")
+    (out / "log.jsonl").write_text('{"step": 10, "loss": 0.5}\n')  # it trained: its steps are not thrown away
     with pytest.raises(RunError, match="different config"):
         run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))
     assert (out / "config.yaml").read_text() == "something: else\n"
+
+
+def test_a_start_refused_for_its_teacher_leaves_the_folder_free_for_the_fixed_rerun(tmp_path, glue_dir, tiny_teacher,
+                                                                                     tiny_base_model):
+    """kd from a base model (no head) is refused before the folder is written; and a folder that a start left with
+    only its config (refused later, before any step) does not block the corrected config either."""
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="no classification head"):
+        run_experiment(build_config(kd_config(glue_dir, tiny_base_model, out, epochs=1)))
+    assert not out.exists()
+    out.mkdir()
+    (out / "config.yaml").write_text("something: else\n")
+    (out / "env.json").write_text("{}")
+    run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out, epochs=1)))
+    assert (out / "metrics.json").is_file() and "something" not in (out / "config.yaml").read_text()
 
 
 def test_each_process_gets_a_share_of_every_global_batch_and_short_last_batches_join_the_one_before():

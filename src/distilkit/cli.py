@@ -143,6 +143,10 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         student = in_task_order(load_student(path), path, spec)
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
                     for s in split or spec.dev_splits}
+        unscored = [s for s, d in datasets.items() if d.labels is None]
+        if unscored:  # test splits are read without labels (GLUE's have none): an empty answer would look like a score
+            raise ValueError(f"split {unscored[0]} is read without labels, so it cannot be scored: score a labelled "
+                             "file as dev (--task-set dev_file=FILE), or predict its labels with distilkit predict")
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
         _fail(err)

@@ -10,11 +10,12 @@ builds no config, `distilkit --help`, loads no torch).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
@@ -111,6 +112,23 @@ class TaskConfig(StrictModel):
     n_best: int = Field(20, ge=1)  # start and end candidates per window
     no_answer_threshold: float = 0.0  # v2.0: answer "no answer" when null score − best span score exceeds it
     bad_records: Literal["error", "skip"] = "error"  # a bad SQuAD record stops the read, or is counted and skipped
+
+    @field_validator("text_columns", mode="before")
+    @classmethod
+    def _one_column_as_a_list(cls, value):
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_as_text(cls, value):
+        """Labels are compared as text, the form every data file gives them: 0 and 1 are "0" and "1". YAML reads
+        unquoted no/yes/true/false/on/off as booleans, which no file's labels can be told apart from."""
+        if not isinstance(value, list):
+            return value
+        if any(isinstance(v, bool) for v in value):
+            raise ValueError("YAML reads unquoted no/yes/true/false/on/off as booleans: quote each label, e.g. "
+                             "labels: ['no', 'yes']")
+        return [str(v) if isinstance(v, int) else v for v in value]
 
     @model_validator(mode="after")
     def _custom_needs_files(self):
@@ -527,7 +545,7 @@ def method_params(value: Any) -> MethodParams:
     try:
         return _METHOD_PARAMS[value["name"]].model_validate(value)
     except ValidationError as err:
-        raise ValueError(_describe(err, prefix="method")) from None
+        raise ValueError(_describe(err, prefix="method", root=_METHOD_PARAMS[value["name"]])) from None
 
 
 def task_config(fields: dict) -> TaskConfig:
@@ -535,15 +553,41 @@ def task_config(fields: dict) -> TaskConfig:
     try:
         return TaskConfig.model_validate(fields)
     except ValidationError as err:
-        raise ConfigError(_describe(err, prefix="task")) from None
+        raise ConfigError(_describe(err, prefix="task", root=TaskConfig)) from None
 
 
-def _describe(err: ValidationError, prefix: str = "") -> str:
+def _describe(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> str:
     lines = []
     for e in err.errors():
         path = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
-        lines.append(f"{path or '(config)'}: {e['msg']}")
+        hint = _did_you_mean(root, tuple(str(p) for p in e["loc"]), prefix) \
+            if e["type"] == "extra_forbidden" and root is not None else ""
+        lines.append(f"{path or '(config)'}: {e['msg']}{hint}")
     return "; ".join(lines)
+
+
+def _section_model(annotation) -> type[BaseModel] | None:
+    """The config model a field holds (TaskConfig for `task`, also inside `X | None`)."""
+    candidates = [annotation, *get_args(annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _did_you_mean(root: type[BaseModel], loc: tuple[str, ...], prefix: str) -> str:
+    """A mistyped or misplaced key: the closest field where it stands, else the section that has a field so named."""
+    model = root
+    for key in loc[:-1]:
+        field = model.model_fields.get(key)
+        model = _section_model(field.annotation) if field is not None else None
+        if model is None:
+            return ""
+    where = ".".join((prefix, *loc[:-1]) if prefix else loc[:-1])
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.75)
+    if close:
+        return f" (did you mean {'.'.join(filter(None, (where, close[0])))}?)"
+    elsewhere = [f"{name}.{match}" for name, field in root.model_fields.items()
+                 if (section := _section_model(field.annotation)) is not None
+                 for match in difflib.get_close_matches(loc[-1], list(section.model_fields), n=1, cutoff=0.75)]
+    return f" (did you mean {'.'.join(filter(None, (prefix, elsewhere[0])))}?)" if elsewhere else ""
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -579,7 +623,7 @@ def build_config(data: dict) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError("invalid config: " + _describe(err)) from None
+        raise ConfigError("invalid config: " + _describe(err, root=ExperimentConfig)) from None
 
 
 def find_preset(name: str) -> Path:

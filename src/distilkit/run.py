@@ -330,6 +330,8 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         raise DataError(f"method {config.method.name!r} trains on gold labels, but this training set has none "
                         "(an unlabeled corpus): use a distillation method without a hard-label term")
     request = method.teacher_request() if teacher is not None else None
+    for t in teachers if request is not None else []:
+        t.check_gives(request)
     caches = []
     # a streamed corpus is seen about once, and masked batches change every step: their teacher outputs
     # are computed live

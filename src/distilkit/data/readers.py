@@ -204,7 +204,8 @@ def _check_header(task: TaskSpec, path: Path, header: list[str], labeled: bool) 
 def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
     """A custom task file: .tsv/.csv with a header, or .jsonl with one object per line."""
     if not path.is_file():
-        raise DataError(f"data file {path} does not exist (from the task's *_file fields)")
+        where = "" if path.is_absolute() else f"; a relative path is read from the working folder: {path.absolute()}"
+        raise DataError(f"data file {path} does not exist (from the task's *_file fields{where})")
     try:
         return _some(_read_table(task, path, labeled), path)
     except UnicodeDecodeError:

@@ -66,7 +66,8 @@ class PKD(Method):
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         if ctx.student.num_layers < 2:
-            raise ValueError("PKD needs a student with at least 2 layers (it distils layers 1..M-1)")
+            raise ValueError("PKD needs a student with at least 2 layers (it distils layers 1..M-1): set "
+                             "student.layers to 2 or more, or use kd")
         self.mapping = pkd_layer_map(params.strategy, ctx.student.num_layers, ctx.teacher.num_layers)
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
 

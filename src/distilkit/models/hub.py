@@ -85,10 +85,18 @@ def resolve_model(name: str) -> str:
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise ModelNotFound(f"{path} has no config.json: not a saved Hugging Face model folder")
+            saved = [d for d in ("best", "final") if (path / d / "config.json").is_file()]
+            hint = f": a distilkit run folder, whose model is in {path / saved[0]}" if saved else \
+                ": not a saved Hugging Face model folder"
+            raise ModelNotFound(f"{path} has no config.json{hint}")
         return str(path)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelNotFound(f"model folder {name} does not exist")
+    if name.count("/") == 1 and path.parent.is_dir():  # "teachers/robera-cls" beside teachers/: a folder, mistyped
+        close = difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir() if p.is_dir()], n=1)
+        hint = f"; did you mean {path.parent / close[0]}?" if close else ""
+        raise ModelNotFound(f"model folder {name} does not exist ({path.parent.resolve()} does, so it is not read as a "
+                            f"hub id){hint}")
     close = difflib.get_close_matches(name.lower(), ALIASES, n=1, cutoff=0.75)
     if close:  # a misspelt alias would otherwise cost a minute of hub retries
         raise ModelNotFound(f"model {name!r} is not a folder or an alias; did you mean the alias {close[0]!r}? "

@@ -37,7 +37,8 @@ METADATA_FILE = "distilkit.json"
 def uniform_layer_map(student_layers: int, teacher_layers: int) -> list[int]:
     """Teacher layer (1-based) for each student layer: every k-th, ending on the last (TinyBERT's m(l)=3l)."""
     if student_layers > teacher_layers:
-        raise ValueError(f"a {student_layers}-layer student cannot map onto a {teacher_layers}-layer teacher")
+        raise ValueError(f"a {student_layers}-layer student cannot map onto a {teacher_layers}-layer teacher: set "
+                         f"student.layers to at most {teacher_layers}")
     return [math.ceil((i + 1) * teacher_layers / student_layers) for i in range(student_layers)]
 
 

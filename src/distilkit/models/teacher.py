@@ -83,8 +83,10 @@ class Teacher:
                              "fine-tune a teacher for this task first")
         if self.head == "ForSequenceClassification" and task is not None and \
                 self.model.config.num_labels != task.num_labels:
+            fix = "a custom task without task.labels is a regression: list its labels in task.labels" \
+                if task.num_labels == 1 and task.name == "custom" else "fine-tune a teacher for this task first"
             raise ValueError(f"teacher {name_or_path} predicts {self.model.config.num_labels} labels but task "
-                             f"{task.name} has {task.num_labels}: fine-tune a teacher for this task first")
+                             f"{task.name} has {task.num_labels}: {fix}")
         if self.head == "ForSequenceClassification" and task is not None and task.label_names:
             order = label_order(self.model.config, task, f"teacher {name_or_path}")
             if order is not None:
@@ -113,12 +115,16 @@ class Teacher:
     def width(self) -> int:
         return self.model.config.hidden_size
 
-    def features(self, batch: dict, request: FeatureRequest, inputs_embeds: torch.Tensor | None = None) -> Features:
-        """The requested outputs, computed in inference mode and returned as ordinary fp32 tensors: a loss may
-        save them for backward (an MSE to them does), which torch refuses for inference tensors."""
+    def check_gives(self, request: FeatureRequest) -> None:
+        """Refuses a request this teacher cannot answer; build_run asks before the run's folder is written."""
         if request.logits and not self.has_head:
             raise ValueError(f"teacher {self.name} has no classification head, but the method needs its logits: "
                              "fine-tune it first (distilkit finetune) and point teacher.model at the result")
+
+    def features(self, batch: dict, request: FeatureRequest, inputs_embeds: torch.Tensor | None = None) -> Features:
+        """The requested outputs, computed in inference mode and returned as ordinary fp32 tensors: a loss may
+        save them for backward (an MSE to them does), which torch refuses for inference tensors."""
+        self.check_gives(request)
         self.forward_passes += 1
         self.model.eval()  # a frozen teacher's targets never carry dropout, whatever code handled the model before
         device = module_device(self.model)

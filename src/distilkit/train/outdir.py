@@ -3,9 +3,10 @@
 `with OutputDir(...) as folder:` checks the folder (read only) and locks it; the caller then builds
 and validates the whole run, and only then `folder.start(env)` writes `config.yaml` and `env.json`.
 So a start that fails leaves the folder as it found it, and the fixed rerun is not refused as "an
-unfinished run with another config". The lock is an OS file lock (released by the kernel when the
-process dies, even by kill -9), so a second run on the same folder is refused at once and a killed
-run never blocks the next one. Leftovers of a killed run (`*.tmp` checkpoint folders, log lines of
+unfinished run with another config"; nor is it when the start failed later, before any step was logged
+or checkpointed (`never_trained`: only its config.yaml and env.json are there, which the rerun
+rewrites). The lock is an OS file lock (released by the kernel when the process dies, even by kill -9),
+so a second run on the same folder is refused at once and a killed run never blocks the next one. Leftovers of a killed run (`*.tmp` checkpoint folders, log lines of
 steps after the checkpoint it resumes from) are cleared when the next run starts.
 """
 
@@ -71,6 +72,8 @@ class OutputDir:
                            "distilkit writes only into an empty folder or one of its own runs: choose another "
                            "output.dir")
         finished = (out / "metrics.json").is_file()
+        if not finished and never_trained(out):
+            return  # a start that failed after writing its config (a teacher pass refused it): nothing to keep
         if finished or not same_config((out / CONFIG_FILE).read_text(), self.resolved_config):
             if not self.overwrite:
                 what = "a finished run" if finished else "an unfinished run with a different config"
@@ -109,6 +112,12 @@ class OutputDir:
         # whole or not at all: a resumed run reads it back (`with_earlier_machines`)
         atomic_write_text(out / "env.json", json.dumps(with_earlier_machines(out, environment), indent=2))
         return out
+
+
+def never_trained(out: Path) -> bool:
+    """No checkpoint to resume and no step logged: what is there is only a failed start's config and env."""
+    log = out / LOG_FILE
+    return latest_checkpoint(out) is None and (not log.is_file() or log.stat().st_size == 0)
 
 
 def with_earlier_machines(out: Path, environment: dict) -> dict:
