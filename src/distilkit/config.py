@@ -580,14 +580,15 @@ def _did_you_mean(root: type[BaseModel], loc: tuple[str, ...], prefix: str) -> s
         model = _section_model(field.annotation) if field is not None else None
         if model is None:
             return ""
-    where = ".".join((prefix, *loc[:-1]) if prefix else loc[:-1])
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.75)
-    if close:
-        return f" (did you mean {'.'.join(filter(None, (where, close[0])))}?)"
-    elsewhere = [f"{name}.{match}" for name, field in root.model_fields.items()
-                 if (section := _section_model(field.annotation)) is not None
-                 for match in difflib.get_close_matches(loc[-1], list(section.model_fields), n=1, cutoff=0.75)]
-    return f" (did you mean {'.'.join(filter(None, (prefix, elsewhere[0])))}?)" if elsewhere else ""
+    def closest(fields) -> str | None:
+        return next(iter(difflib.get_close_matches(loc[-1], list(fields), n=1, cutoff=0.75)), None)
+
+    here = closest(model.model_fields)
+    meant = ".".join((*loc[:-1], here)) if here else next(
+        (f"{name}.{match}" for name, field in root.model_fields.items()
+         if (section := _section_model(field.annotation)) is not None and (match := closest(section.model_fields))),
+        None)
+    return f" (did you mean {'.'.join(filter(None, (prefix, meant)))}?)" if meant else ""
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
