@@ -288,3 +288,21 @@ def test_cli_run_without_epochs_on_a_small_set_says_how_long_it_trains(tmp_path,
     assert said.startswith("train.epochs unset: 250 epochs (8000 steps) on this small set of 256 examples"), said
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["epochs"] == (
         "5, or 64000 examples seen on a small set")
+
+
+def test_cli_says_when_the_student_is_no_smaller_than_the_teacher(tmp_path, glue_dir, tiny_teacher):
+    """student.layers unset copies every teacher layer: allowed (self-distillation), but said, with what to set; a
+    smaller student runs without the note."""
+    def distill(out, *extra):
+        return cli("distill", "--set", "task.name=sst2", "--set", f"data.dir={glue_dir}", "--set",
+                   "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
+                   "--set", "train.max_steps=1", "--set", "train.mixed_precision='no'", "--set",
+                   f"output.dir={out}", *extra)
+
+    same = distill(tmp_path / "same")
+    assert same.returncode == 0, same.stderr
+    assert "note: the student (" in same.stderr and "is no smaller than the teacher" in same.stderr
+    assert "choose fewer student.layers" in same.stderr
+    smaller = distill(tmp_path / "smaller", "--set", "student.layers=2")
+    assert smaller.returncode == 0, smaller.stderr
+    assert "no smaller than the teacher" not in smaller.stderr

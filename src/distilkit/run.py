@@ -308,6 +308,12 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
     teacher = teachers[0] if teachers else None
     student = build_student(config.student, teacher.model if teacher else None, task)
     student_config = getattr(getattr(student, "model", None), "config", None)
+    if teacher is not None and (accelerator is None or accelerator.is_main_process):
+        student_size, teacher_size = count_parameters(student)["total"], count_parameters(teacher.model)["total"]
+        if student_size >= teacher_size:  # allowed (self-distillation), but rarely what a user compressing means
+            print(f"note: the student ({student_size / 1e6:.1f}M parameters) is no smaller than the teacher "
+                  f"({teacher_size / 1e6:.1f}M), so it will not run faster: for a compressed model choose fewer "
+                  "student.layers or a smaller student.preset", file=sys.stderr)
     check_max_length(config.data.max_length, teacher_longest, {f"teacher {t.name}" if len(teachers) > 1 else "teacher":
                                                                 t.config for t in teachers})
     check_max_length(config.data.max_length, longest, {"student": student_config})
