@@ -96,6 +96,31 @@ def test_damaged_teacher_cache_entry_is_recomputed_not_trusted(tmp_path, glue_di
     assert fresh.ensure(request) == 0  # and the recomputed entry is trusted again
 
 
+def test_a_run_whose_teacher_outputs_are_stored_starts_while_another_fills_the_same_folder(tmp_path, glue_dir,
+                                                                                         tiny_teacher):
+    """kd's logits are stored; a TinyBERT run on the same teacher and data fills hidden states in the same folder,
+    holding its lock for minutes: kd reads its logits at once. A request with an entry not stored waits for the
+    writer, then fills it."""
+    import threading
+
+    from distilkit.models.features import FeatureRequest
+
+    run = build_run(build_config(tiny_config(glue_dir, tiny_teacher, tmp_path / "out")))
+    request = run.teacher_source.request
+    assert run.teacher_cache.ensure(request) > 0
+
+    def ensure_in_a_thread(wanted: FeatureRequest) -> threading.Event:
+        done = threading.Event()
+        threading.Thread(target=lambda: (run.teacher_cache.ensure(wanted), done.set()), daemon=True).start()
+        return done
+
+    with FileLock(run.teacher_cache.dir / ".lock", timeout=0):  # the other run, filling
+        assert ensure_in_a_thread(request).wait(60), "a run with every entry stored waited for another's fill"
+        deeper = ensure_in_a_thread(FeatureRequest(frozenset({1}), frozenset(), True))
+        assert not deeper.wait(2), "an entry not stored was computed beside the folder's writer"
+    assert deeper.wait(120) and (run.teacher_cache.dir / "hidden_1.npy").is_file()
+
+
 def test_the_disk_a_cache_fill_needs_is_known_before_it_starts(tmp_path, glue_dir, tiny_teacher):
     """What disk_shortfall compares with the free disk: the arrays' bytes, hidden states and attention included."""
     config = tiny_config(glue_dir, tiny_teacher, tmp_path / "out")

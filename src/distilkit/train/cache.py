@@ -18,7 +18,8 @@ data) written after the array is complete. Before a run uses an entry, its heade
 checked against that metadata, and its checksum once per process (about 1.6 GB/s here: a few
 seconds for the largest caches, against minutes of teacher passes); an entry that is missing,
 truncated, reshaped, altered or not a numpy file is recomputed with a log line, never trusted.
-One process at a time fills an entry folder (a file lock); others wait and then reuse its work.
+One process at a time fills an entry folder (a file lock); others wait and then reuse its work, unless every entry
+they ask for is already stored.
 
 What is stored never depends on what the cache held before: each missing entry is computed by a
 pass as deep as the method's whole request (a pass the model can make, since a cold run makes it),
@@ -177,8 +178,18 @@ class TeacherCache:
     def missing(self, request: FeatureRequest) -> list[str]:
         return [k for k in _feature_keys(request) if not self._usable(k, self._rows(k))]
 
+    def _all_stored(self, request: FeatureRequest) -> bool:
+        """Every requested entry sound on disk, checked without the folder's lock and without removing anything:
+        entries are renamed into place whole, so a run whose features are all there (kd's logits, say) need not wait
+        while another run fills other entries of the same folder (TinyBERT's hidden states, for many minutes). Any
+        doubt, a writer's rename included, is settled under the lock."""
+        return all(self._path(k).is_file() and _describe_problem(self._path(k), self._rows(k), len(self.dataset)) is None
+                   for k in _feature_keys(request))
+
     def ensure(self, request: FeatureRequest, batch_size: int = 64) -> int:
         """Computes every requested feature not usable on disk; returns teacher forward passes."""
+        if self._all_stored(request):
+            return 0
         self.dir.mkdir(parents=True, exist_ok=True)
         with FileLock(self.dir / ".lock"):
             self._remove_leftovers()
