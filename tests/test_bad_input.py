@@ -176,6 +176,7 @@ def _refbert(w: Where, references: bytes, *sets: str) -> list[str]:
 
 LONG = " ".join(["good film"] * 40)  # 80 words: longer than the tiny models' 64 positions
 TSV = "text\tlabel\nthe film was good\t1\na dull film\t0\n"
+UNLABELED_TSV = "text\nthe film was good\n"  # a test file as GLUE gives them: no label column
 
 # id -> (arguments given a Where, what the one-line message must contain)
 CASES: dict[str, tuple] = {
@@ -335,8 +336,13 @@ CASES: dict[str, tuple] = {
     "evaluate a split read without labels": (
         lambda w: ["evaluate", str(w.teacher), "--task", "custom", "--split", "test",
                    *[a for s in ("text_columns=[text]", "labels=['0','1']", f"train_file={w.file('t.tsv', TSV)}",
-                                 f"test_file={w.file('test.tsv', TSV)}") for a in ("--task-set", s)]],
-        ["split test is read without labels", "dev_file"]),
+                                 f"test_file={w.file('test.tsv', UNLABELED_TSV)}")
+                     for a in ("--task-set", s)]],
+        ["split test is read without labels", "its file has no label column 'label'", "score dev"]),
+    "eval.splits names a split without labels": (
+        lambda w: w.custom(w.file("t.tsv", TSV), f"task.dev_file={w.file('d.tsv', TSV)}",
+                           f"task.test_file={w.file('test.tsv', UNLABELED_TSV)}", "eval.splits=[dev,test]"),
+        ["split test is read without labels", "drop it from eval.splits"]),
     "ONNX export of a BiLSTM student": (lambda w: ["export", str(_bilstm_student(w)), str(w.tmp / "deploy"), "--onnx"],
                                         ["bilstm holds a bilstm student", "without --onnx"]),
     "export into a full folder": (lambda w: ["export", str(w.teacher), str(w.glue)], ["not empty"]),

@@ -218,6 +218,31 @@ def test_integer_labels_and_one_text_column_read_as_a_user_writes_them(tmp_path)
     assert [e.label for e in read_table(task_spec(task), jsonl)] == [1, 0]
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_a_custom_test_file_keeps_its_labels_when_it_has_the_label_column(tmp_path, suffix):
+    """A user's own test file is scored as dev is when it holds the labels; without the column it is read as GLUE's
+    test sets are, for predictions."""
+    import pandas as pd
+
+    from distilkit.config import DataConfig, task_config
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import task_spec
+
+    def write(name: str, frame: pd.DataFrame) -> Path:
+        path = tmp_path / f"{name}{suffix}"
+        {".csv": lambda: frame.to_csv(path, index=False), ".tsv": lambda: frame.to_csv(path, sep="\t", index=False),
+         ".jsonl": lambda: frame.to_json(path, orient="records", lines=True),
+         ".parquet": lambda: frame.to_parquet(path)}[suffix]()
+        return path
+
+    labelled = write("labelled", pd.DataFrame({"text": ["fine", "meh"], "label": ["pos", "neg"]}))
+    bare = write("bare", pd.DataFrame({"text": ["fine", "meh"]}))
+    for test_file, labels in [(labelled, [1, 0]), (bare, [None, None])]:
+        task = task_spec(task_config({"name": "custom", "text_columns": ["text"], "labels": ["neg", "pos"],
+                                      "train_file": str(labelled), "test_file": str(test_file)}))
+        assert [e.label for e in read_split(task, "test", DataConfig())] == labels
+
+
 def test_a_custom_tsv_is_read_as_pandas_writes_it(tmp_path):
     """pandas and the csv module quote a field holding a quote, a tab or a line break; read unquoted (as GLUE's
     files are), such a file trained on text with the quotes doubled."""

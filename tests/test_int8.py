@@ -211,15 +211,19 @@ def test_calibration_reads_the_dev_sentences_themselves(tmp_path, tiny_teacher, 
 def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_files(tmp_path, tiny_teacher,
                                                                                   monkeypatch):
     """Its task (columns, labels, files) is recorded with it, so `evaluate` and `export --int8` need no task
-    options, from any working directory."""
+    options, from any working directory. Its labelled test file is scored as dev is, in training (eval.splits) and
+    by `evaluate --split test` (GLUE's test sets, without labels, are refused: test_bad_input)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.csv").write_text("review,sentiment\n" + "the film was good,pos\na dull film,neg\n" * 8)
     (data / "dev.jsonl").write_text("".join(json.dumps({"review": t, "sentiment": s}) + "\n" for t, s in
                                             [("good", "pos"), ("dull", "neg"), ("great fun", "pos")]))
+    (data / "test.csv").write_text("review,sentiment\nthe film was good,pos\na dull film,neg\ngood good,pos\n"
+                                   "dull,pos\n")
     monkeypatch.chdir(data)  # the run names its files relative to where it was started
     sets = ["task.name=custom", "task.text_columns=[review]", "task.label_column=sentiment", "task.labels=[neg, pos]",
-            "task.train_file=train.csv", "task.dev_file=dev.jsonl", f"teacher.model={tiny_teacher}",
+            "task.train_file=train.csv", "task.dev_file=dev.jsonl", "task.test_file=test.csv", "eval.splits=[dev,test]",
+            f"teacher.model={tiny_teacher}",
             "method.name=kd", "student.init=teacher_layers", "student.layers=1", "train.max_steps=2",
             "train.mixed_precision=no", f"output.dir={tmp_path / 'run'}"]
     result = cli("distill", *[a for s in sets for a in ("--set", s)])
@@ -229,6 +233,10 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
     assert result.returncode == 0, result.stderr
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert json.loads(result.stdout)["metrics"]["dev"] == metrics["final"]["dev"]
+    assert set(metrics["final"]) == {"dev", "test"} and 0 <= metrics["final"]["test"]["accuracy"] <= 1
+    result = cli("evaluate", str(tmp_path / "run" / "final"), "--split", "test")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["metrics"] == {"test": metrics["final"]["test"]}
     result = cli("export", str(tmp_path / "run" / "final"), str(tmp_path / "deploy"), "--int8")
     assert result.returncode == 0, result.stderr
     check = int8_check(json.loads(result.stdout)["int8"])

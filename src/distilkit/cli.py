@@ -120,7 +120,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
     from distilkit.config import DataConfig, apply_overrides, task_config
     from distilkit.data.qa_windows import task_dataset
-    from distilkit.data.readers import read_split
+    from distilkit.data.readers import read_split, unlabeled_split
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.hub import resolve_model
@@ -144,9 +144,8 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
                     for s in split or spec.dev_splits}
         unscored = [s for s, d in datasets.items() if d.labels is None]
-        if unscored:  # test splits are read without labels (GLUE's have none): an empty answer would look like a score
-            raise ValueError(f"split {unscored[0]} is read without labels, so it cannot be scored: score a labelled "
-                             "file as dev (--task-set dev_file=FILE), or predict its labels with distilkit predict")
+        if unscored:  # an empty answer would look like a score
+            raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")
         results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
     except _user_errors() as err:
         _fail(err)

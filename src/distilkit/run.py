@@ -45,6 +45,7 @@ from distilkit.data.readers import (
     read_split,
     read_unlabeled,
     resolve_data_dir,
+    unlabeled_split,
     without_scored,
 )
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
@@ -158,6 +159,8 @@ def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[E
                 raise
             print(f"note: skipping evaluation split {split}: {err}")
             continue
+        if not task.answer_spans and all(e.label is None for e in examples):  # else left out of the scores unsaid
+            raise unlabeled_split(task, split, "drop it from eval.splits")
         splits[split] = capped(examples, config.data.max_eval_examples)
     return splits
 

@@ -87,7 +87,7 @@ def resolve_data_dir(configured: str | None) -> Path:
 
 def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
     """A split's examples: a custom task's own file, else GLUE from data.dir (or the hub with data.source=hub).
-    Test splits are read without labels."""
+    Test splits are read without labels, but for a custom task's test file that has the label column."""
     if task.answer_spans:
         return read_squad_split(task, split, data)
     labeled = not split.startswith("test")
@@ -99,11 +99,37 @@ def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
         files = task.split_files.get(split)
         if not files:
             raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
-        return read_task_file(task, Path(files[0]), labeled)
+        path = Path(files[0])  # a test file of the user's is scored when it holds its labels (GLUE's test has none)
+        return read_task_file(task, path, labeled or task.label_column in _columns(path))
     if data.source == "hub":
         return read_hub(task, split)
     folder = resolve_data_dir(data.dir) / "glue" / task.folder
     return read_tsv(task, find_split_file(task, folder, split), labeled)
+
+
+def unlabeled_split(task: TaskSpec, split: str, fix: str) -> DataError:
+    """A split asked to be scored that was read without labels."""
+    why = f"its file has no label column {task.label_column!r}" if task.name == "custom" else \
+        "GLUE's test sets have no labels"
+    return DataError(f"split {split} is read without labels ({why}), so it cannot be scored: {fix}")
+
+
+def _columns(path: Path) -> list[str]:
+    """A custom task file's column names, from its header, first object or schema; [] when it cannot be read (reading
+    it then says why)."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix in FILE_BUILDERS:
+            from datasets import load_dataset
+
+            return load_dataset(FILE_BUILDERS[suffix], data_files=str(path), split="train").column_names
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            if suffix == ".jsonl":
+                row = json.loads(next((line for line in f if line.strip()), "{}"))
+                return list(row) if isinstance(row, dict) else []
+            return next(csv.reader(f, delimiter="," if suffix == ".csv" else "\t"), [])
+    except Exception:  # unreadable in any way: read_task_file raises the error that says how
+        return []
 
 
 def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]:
