@@ -266,3 +266,26 @@ def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_
     assert scored["pearson"] == pytest.approx(final["pearson"], abs=1e-6)
     longer = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--max-length", "32").stdout)
     assert longer["metrics"]["dev"]["pearson"] != pytest.approx(final["pearson"], abs=1e-6)  # the length matters
+
+
+def test_evaluate_scores_in_the_precision_the_run_scored_in(tmp_path, tiny_base_model, monkeypatch):
+    """A run in bf16 scores its checkpoints in bf16; `distilkit evaluate` read them in fp32 and disagreed with
+    metrics.json (on QNLI by 3 dev examples of 5,463). It now scores in the precision the student records, and
+    `--precision no` still gives fp32. A score (Pearson) shows any change of the outputs."""
+    rng = np.random.default_rng(0)
+    words = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
+    monkeypatch.chdir(tmp_path)
+    for name, rows in (("train.csv", 32), ("dev.csv", 24)):
+        Path(name).write_text("text,score\n" + "".join(f"{' '.join(rng.choice(words, size=6))},{rng.uniform(0, 5):.2f}\n"
+                                                       for _ in range(rows)))
+    sets = ["task.name=custom", "task.text_columns=[text]", "task.label_column=score", "task.train_file=train.csv",
+            "task.dev_file=dev.csv", "method.name=finetune", "student.init=pretrained",
+            f"student.pretrained={tiny_base_model}", "train.max_steps=4", "train.learning_rate=1e-2",
+            "train.mixed_precision=bf16", f"output.dir={tmp_path / 'run'}"]
+    result = cli("distill", *[a for s in sets for a in ("--set", s)])
+    assert result.returncode == 0, result.stderr
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+    scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)
+    assert scored["precision"] == "bf16" and scored["metrics"]["dev"] == final
+    fp32 = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--precision", "no").stdout)
+    assert fp32["precision"] == "no" and fp32["metrics"]["dev"]["pearson"] != final["pearson"]

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -116,6 +116,9 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                                                                    "(questions, for SQuAD) per split")] = None,
              task_set: Annotated[list[str] | None, typer.Option(
                  "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
+             precision: Annotated[Literal["no", "bf16", "fp16"] | None, typer.Option(
+                 help="no (fp32), bf16 or fp16; default: the precision its run scored it in (the run's "
+                      "train.mixed_precision), so that its metrics.json is reproduced")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
     from distilkit.config import DataConfig, apply_overrides, task_config
@@ -146,7 +149,9 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         unscored = [s for s, d in datasets.items() if d.labels is None]
         if unscored:  # an empty answer would look like a score
             raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")
-        results = {"model": model, "task": spec.name, "metrics": evaluate_splits(student, datasets, spec, batch_size)}
+        precision = precision or meta.get("mixed_precision", "no")
+        results = {"model": model, "task": spec.name, "precision": precision,
+                   "metrics": evaluate_splits(student, datasets, spec, batch_size, precision)}
     except _user_errors() as err:
         _fail(err)
     text = json.dumps(results, indent=2)

@@ -390,6 +390,8 @@ def student_metadata(run: BuiltRun) -> dict:
     return {"task": run.task.name, "task_config": config.task.recorded(),
             "labels": list(run.task.label_names) if run.task.labels else None,
             "max_length": config.data.max_length, "method": config.method.name,
+            # the precision its dev scores were computed in: `distilkit evaluate` scores in it too, so it reproduces them
+            "mixed_precision": config.train.mixed_precision,
             "paper": doc.splitlines()[0] if doc else None,  # a method module's docstring opens with its paper
             "dataset": hub_id(config.task.dataset), "teacher": config.teacher.first,
             "teacher_base_model": model_origin(config.teacher.first), "base_model": model_origin(origin),
