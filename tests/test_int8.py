@@ -13,6 +13,7 @@ import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from conftest import cli, tiny_bert_config
+from distilkit import machine
 from distilkit.export import (
     OnnxStudent,
     calibration_feeds,
@@ -285,7 +286,11 @@ def test_evaluate_scores_in_the_precision_the_run_scored_in(tmp_path, tiny_base_
     result = cli("distill", *[a for s in sets for a in ("--set", s)])
     assert result.returncode == 0, result.stderr
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+    monkeypatch.setattr(machine, "cpu_bf16_matmul_speedup", lambda: 1.4)  # a CPU with fast bf16
     scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)
     assert scored["precision"] == "bf16" and scored["metrics"]["dev"] == final
     fp32 = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--precision", "no").stdout)
     assert fp32["precision"] == "no" and fp32["metrics"]["dev"]["pearson"] != final["pearson"]
+    monkeypatch.setattr(machine, "cpu_bf16_matmul_speedup", lambda: None)  # AVX2 only: bf16 emulated, ~36x slower
+    slow = cli("evaluate", str(tmp_path / "run" / "final"))
+    assert json.loads(slow.stdout) == fp32 and "note: scored in fp32, as this CPU runs bf16 slowly" in slow.stderr
