@@ -13,7 +13,7 @@ import torch
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from conftest import cli, tiny_bert_config
-from distilkit import machine
+from distilkit import config as distilkit_config
 from distilkit.export import (
     OnnxStudent,
     calibration_feeds,
@@ -286,11 +286,30 @@ def test_evaluate_scores_in_the_precision_the_run_scored_in(tmp_path, tiny_base_
     result = cli("distill", *[a for s in sets for a in ("--set", s)])
     assert result.returncode == 0, result.stderr
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
-    monkeypatch.setattr(machine, "cpu_bf16_matmul_speedup", lambda: 1.4)  # a CPU with fast bf16
+    monkeypatch.setattr(distilkit_config, "auto_precision", lambda: "bf16")  # a machine with fast bf16
     scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)
     assert scored["precision"] == "bf16" and scored["metrics"]["dev"] == final
     fp32 = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--precision", "no").stdout)
     assert fp32["precision"] == "no" and fp32["metrics"]["dev"]["pearson"] != final["pearson"]
-    monkeypatch.setattr(machine, "cpu_bf16_matmul_speedup", lambda: None)  # AVX2 only: bf16 emulated, ~36x slower
+    monkeypatch.setattr(distilkit_config, "auto_precision", lambda: "no")  # an AVX2-only CPU: bf16 emulated, ~36x slower
     slow = cli("evaluate", str(tmp_path / "run" / "final"))
-    assert json.loads(slow.stdout) == fp32 and "note: scored in fp32, as this CPU runs bf16 slowly" in slow.stderr
+    assert json.loads(slow.stdout) == fp32 and "note: scored in fp32, as this machine runs bf16 slowly" in slow.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_evaluate_scores_on_the_gpu_when_there_is_one(tiny_teacher, glue_dir, monkeypatch):
+    from distilkit.evaluate import evaluator
+    from distilkit.precision import module_device
+
+    devices = []
+    scored_on_cpu = evaluator.evaluate_splits
+
+    def recording(student, *args):
+        devices.append(module_device(student).type)
+        return scored_on_cpu(student, *args)
+
+    monkeypatch.setattr(evaluator, "evaluate_splits", recording)
+    result = cli("evaluate", str(tiny_teacher), "--task", "sst2", "--data", str(glue_dir))
+    assert result.returncode == 0, result.stderr
+    assert devices == ["cuda"]

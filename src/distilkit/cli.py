@@ -118,16 +118,17 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                  "--task-set", help="a task field, e.g. dev_file=FILE or no_answer_threshold=0.5 (SQuAD)")] = None,
              precision: Annotated[Literal["no", "bf16", "fp16"] | None, typer.Option(
                  help="no (fp32), bf16 or fp16; default: the precision its run scored it in (the run's "
-                      "train.mixed_precision), so that its metrics.json is reproduced, where this CPU runs it fast; "
-                      "else fp32")] = None,
+                      "train.mixed_precision), so that its metrics.json is reproduced, where this machine runs it "
+                      "natively; else fp32")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
-    from distilkit.config import DataConfig, apply_overrides, task_config
+    import torch
+
+    from distilkit.config import DataConfig, apply_overrides, auto_precision, task_config
     from distilkit.data.qa_windows import task_dataset
     from distilkit.data.readers import read_split, unlabeled_split
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
-    from distilkit.machine import cpu_bf16_matmul_speedup
     from distilkit.models.hub import resolve_model
     from distilkit.models.student import in_task_order, load_student, load_tokenizer, read_metadata, recorded_task
     from distilkit.run import capped
@@ -151,13 +152,14 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         unscored = [s for s, d in datasets.items() if d.labels is None]
         if unscored:  # an empty answer would look like a score
             raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")
-        if precision is None:  # the run's, where this CPU runs it fast (fp16 autocast, and bf16 without the
-            # instructions, are emulated here: many times slower than fp32); the model is scored on the CPU
+        student.to(torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu")
+        if precision is None:  # the run's, where this machine runs it natively (fp16 on a CPU, bf16 on one without
+            # fast bf16 or on a GPU before Ampere, are emulated: many times slower than fp32)
             recorded = meta.get("mixed_precision", "no")
-            precision = "bf16" if recorded == "bf16" and (cpu_bf16_matmul_speedup() or 0) > 1 else "no"
+            precision = recorded if recorded in ("no", auto_precision()) else "no"
             if precision != recorded:
-                console.print(f"note: scored in fp32, as this CPU runs {recorded} slowly; its run scored in {recorded} "
-                              f"(--precision {recorded} reproduces metrics.json, slowly)", highlight=False)
+                console.print(f"note: scored in fp32, as this machine runs {recorded} slowly; its run scored in "
+                              f"{recorded} (--precision {recorded} reproduces metrics.json, slowly)", highlight=False)
         results = {"model": model, "task": spec.name, "precision": precision,
                    "metrics": evaluate_splits(student, datasets, spec, batch_size, precision)}
     except _user_errors() as err:

@@ -375,6 +375,18 @@ DEFAULT_EPOCHS = 5
 LENGTH_RULE = f"{DEFAULT_EPOCHS}, or {SMALL_SET_MIN_EXAMPLES} examples seen on a small set"
 
 
+def auto_precision() -> str:
+    """What `mixed_precision: auto` runs on this machine's device: the fastest precision it runs natively."""
+    import torch
+
+    if torch.cuda.is_available():
+        # native bf16 only (Ampere on): torch also counts emulation, which is slow, on V100 / T4
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+    from distilkit.machine import cpu_bf16_matmul_speedup  # torch: loaded when a run resolves its precision
+
+    return "bf16" if (cpu_bf16_matmul_speedup() or 0) > 1 else "no"
+
+
 class TrainConfig(StrictModel):
     # unset (or null): LENGTH_RULE, DEFAULT_EPOCHS or more on a small set (SMALL_SET_MIN_EXAMPLES above); the run's
     # metrics record the epochs and steps it made. 5, not the usual 3: distilling a small student on GLUE-sized tasks (protocol-dev group
@@ -438,16 +450,7 @@ class TrainConfig(StrictModel):
     @classmethod
     def _resolve_auto(cls, value: str) -> str:
         """The resolved config says which dtype the run used (on the device the run will use)."""
-        if value != "auto":
-            return value
-        import torch
-
-        if torch.cuda.is_available():
-            # native bf16 only (Ampere on): torch also counts emulation, which is slow, on V100 / T4
-            return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
-        from distilkit.machine import cpu_bf16_matmul_speedup  # torch: loaded when a run resolves its precision
-
-        return "bf16" if (cpu_bf16_matmul_speedup() or 0) > 1 else "no"
+        return auto_precision() if value == "auto" else value
 
     def epochs_for(self, num_examples: int) -> float:
         """The epochs a run over `num_examples` makes: train.epochs, or when unset the length rule above."""
