@@ -336,3 +336,17 @@ def test_a_misspelt_method_or_task_in_a_protocol_table_is_refused_when_the_plan_
     next(t for t in plan.report.tables if isinstance(t.get("methods"), dict))["methods"]["kd"] = "frist"
     with pytest.raises(ConfigError, match=r"method 'kd' matches no cell .*students \['frist'\]"):
         Plans(plan)
+
+
+def test_a_misshapen_paired_table_is_refused_when_the_plan_loads(monkeypatch):
+    """Read only after its cells have run: an unquoted "2,000 steps, 4,000 steps" made four columns and ended a
+    35-minute cell's bench in "too many values to unpack"; a misspelt cell left its row out unsaid."""
+    monkeypatch.chdir(Path(__file__).parents[1])
+    Plans(load_plan("protocol-confirm"))  # as shipped
+    for change, named in ((lambda t: t.update(columns=["2", "000 steps", "4", "000 steps"]), "quote a name"),
+                          (lambda t: next(iter(t["rows"].values())).__setitem__(1, "qnli-kd-pairs-frist-4000-S3-384"),
+                           r"no cell \['qnli-kd-pairs-frist-4000-S3-384'\]")):
+        plan = load_plan("protocol-confirm")
+        change(next(t for t in plan.report.tables if t["kind"] == "paired" and "QNLI" in t["caption"]))
+        with pytest.raises(ConfigError, match=named):
+            Plans(plan)

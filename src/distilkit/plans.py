@@ -277,6 +277,24 @@ class Plans:
             raise ConfigError(f"plan {plan.name}: cell(s) {sorted(clash)} also come from an included plan")
         self._cells: dict[str, Cell] = {}
         self.check_protocol_tables()
+        self.check_paired_tables()
+
+    def check_paired_tables(self) -> None:
+        """A paired table is read after its cells have run: a misshapen one (an unquoted "2,000 steps" splits into two
+        columns) ended a 35-minute cell's bench in "too many values to unpack", and a misspelt cell leaves its row
+        silently out. Both are refused when the plan loads."""
+        names = set(self.own) | set(self.included)
+        for spec in self.plan.report.tables if self.plan.report else []:
+            if spec.get("kind") != "paired":
+                continue
+            where = f"plan {self.plan.name}: paired table {spec.get('caption', '')[:40]!r}"
+            if len(spec.get("columns", [])) != 2:
+                raise ConfigError(f"{where}: columns must name the two arms, got {spec.get('columns')} (quote a name "
+                                  'holding a comma: "2,000 steps")')
+            for label, row in spec.get("rows", {}).items():
+                if len(row) != 2 or (unknown := [c for c in row if c not in names]):
+                    raise ConfigError(f"{where}: row {label!r} must name two of the plan's cells, got {row}"
+                                      + (f"; no cell {unknown}" if len(row) == 2 else ""))
 
     def check_protocol_tables(self) -> None:
         """A misspelt method or task in a protocol table would leave its column or line silently empty: each must
