@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -244,25 +243,29 @@ def test_a_student_of_a_custom_task_is_evaluated_and_int8_checked_on_its_own_fil
     assert check["checked"] and check["calibration"] == "3 custom dev sentences"
 
 
-def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_base_model, monkeypatch):
-    """`distilkit evaluate` scored every classifier at 128 tokens, so one trained at another length disagreed
-    with its own metrics.json. A score (Pearson) shows any change of the inputs."""
+SCORE_WORDS = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
+
+
+def _finetuned_on_scores(tmp_path, base_model, words_per_text: int, *sets: str) -> dict:
+    """A student fine-tuned (`sets` added) on a tiny regression task of random texts and scores; its final dev scores
+    from metrics.json. A score (Pearson) shows any change of the outputs."""
     rng = np.random.default_rng(0)
-    words = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
-
-    def sentence():  # longer than the 8 tokens it trains on
-        return " ".join(rng.choice(words, size=14))
-
-    monkeypatch.chdir(tmp_path)
-    Path("train.csv").write_text("text,score\n" + "".join(f"{sentence()},{rng.uniform(0, 5):.2f}\n" for _ in range(32)))
-    Path("dev.csv").write_text("text,score\n" + "".join(f"{sentence()},{rng.uniform(0, 5):.2f}\n" for _ in range(24)))
-    sets = ["task.name=custom", "task.text_columns=[text]", "task.label_column=score", "task.train_file=train.csv",
-            "task.dev_file=dev.csv", "method.name=finetune", "student.init=pretrained",
-            f"student.pretrained={tiny_base_model}", "train.max_steps=2", "train.mixed_precision=no",
-            "data.max_length=8", f"output.dir={tmp_path / 'run'}"]
+    for name, rows in (("train.csv", 32), ("dev.csv", 24)):
+        (tmp_path / name).write_text("text,score\n" + "".join(
+            f"{' '.join(rng.choice(SCORE_WORDS, size=words_per_text))},{rng.uniform(0, 5):.2f}\n" for _ in range(rows)))
+    sets = ["task.name=custom", "task.text_columns=[text]", "task.label_column=score",
+            f"task.train_file={tmp_path / 'train.csv'}", f"task.dev_file={tmp_path / 'dev.csv'}", "method.name=finetune",
+            "student.init=pretrained", f"student.pretrained={base_model}", f"output.dir={tmp_path / 'run'}", *sets]
     result = cli("distill", *[a for s in sets for a in ("--set", s)])
     assert result.returncode == 0, result.stderr
-    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+    return json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+
+
+def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_base_model):
+    """`distilkit evaluate` scored every classifier at 128 tokens, so one trained at another length disagreed
+    with its own metrics.json."""
+    final = _finetuned_on_scores(tmp_path, tiny_base_model, 14,  # longer than the 8 tokens it trains on
+                                 "train.max_steps=2", "train.mixed_precision=no", "data.max_length=8")
     scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)["metrics"]["dev"]
     assert scored["pearson"] == pytest.approx(final["pearson"], abs=1e-6)
     longer = json.loads(cli("evaluate", str(tmp_path / "run" / "final"), "--max-length", "32").stdout)
@@ -272,20 +275,9 @@ def test_evaluate_reads_a_classifier_at_the_length_it_trained_at(tmp_path, tiny_
 def test_evaluate_scores_in_the_precision_the_run_scored_in(tmp_path, tiny_base_model, monkeypatch):
     """A run in bf16 scores its checkpoints in bf16; `distilkit evaluate` read them in fp32 and disagreed with
     metrics.json (on QNLI by 3 dev examples of 5,463). It now scores in the precision the student records, and
-    `--precision no` still gives fp32. A score (Pearson) shows any change of the outputs."""
-    rng = np.random.default_rng(0)
-    words = ["good", "great", "fun", "dull", "awful", "the", "film", "was", "and", "really", "plot", "cast"]
-    monkeypatch.chdir(tmp_path)
-    for name, rows in (("train.csv", 32), ("dev.csv", 24)):
-        Path(name).write_text("text,score\n" + "".join(f"{' '.join(rng.choice(words, size=6))},{rng.uniform(0, 5):.2f}\n"
-                                                       for _ in range(rows)))
-    sets = ["task.name=custom", "task.text_columns=[text]", "task.label_column=score", "task.train_file=train.csv",
-            "task.dev_file=dev.csv", "method.name=finetune", "student.init=pretrained",
-            f"student.pretrained={tiny_base_model}", "train.max_steps=4", "train.learning_rate=1e-2",
-            "train.mixed_precision=bf16", f"output.dir={tmp_path / 'run'}"]
-    result = cli("distill", *[a for s in sets for a in ("--set", s)])
-    assert result.returncode == 0, result.stderr
-    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["dev"]
+    `--precision no` still gives fp32."""
+    final = _finetuned_on_scores(tmp_path, tiny_base_model, 6, "train.max_steps=4", "train.learning_rate=1e-2",
+                                 "train.mixed_precision=bf16")
     monkeypatch.setattr(distilkit_config, "auto_precision", lambda: "bf16")  # a machine with fast bf16
     scored = json.loads(cli("evaluate", str(tmp_path / "run" / "final")).stdout)
     assert scored["precision"] == "bf16" and scored["metrics"]["dev"] == final
