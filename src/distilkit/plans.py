@@ -279,14 +279,15 @@ class Plans:
         self.check_protocol_tables()
         self.check_paired_tables()
 
+    def _tables(self, kind: str) -> list[dict]:
+        return [spec for spec in (self.plan.report.tables if self.plan.report else []) if spec.get("kind") == kind]
+
     def check_paired_tables(self) -> None:
         """A paired table is read after its cells have run: a misshapen one (an unquoted "2,000 steps" splits into two
         columns) ended a 35-minute cell's bench in "too many values to unpack", and a misspelt cell leaves its row
         silently out. Both are refused when the plan loads."""
         names = set(self.own) | set(self.included)
-        for spec in self.plan.report.tables if self.plan.report else []:
-            if spec.get("kind") != "paired":
-                continue
+        for spec in self._tables("paired"):
             where = f"plan {self.plan.name}: paired table {spec.get('caption', '')[:40]!r}"
             if len(spec.get("columns", [])) != 2:
                 raise ConfigError(f"{where}: columns must name the two arms, got {spec.get('columns')} (quote a name "
@@ -301,9 +302,7 @@ class Plans:
         name at least one cell of the plan."""
         from distilkit.evaluate.report import method_students
         names = set(self.own) | set(self.included)
-        for spec in self.plan.report.tables if self.plan.report else []:
-            if spec.get("kind") != "protocol":
-                continue
+        for spec in self._tables("protocol"):
             tasks, students = list(spec["teachers"]), spec["students"]
             arms = {method: tasks for method in [spec["baseline"], *spec["methods"]]}
             own = method_students(spec)  # a method's own student, where the table gives one
