@@ -290,18 +290,20 @@ def test_evaluate_scores_in_the_precision_the_run_scored_in(tmp_path, tiny_base_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_evaluate_scores_on_the_gpu_when_there_is_one(tiny_teacher, glue_dir, monkeypatch):
+@pytest.mark.parametrize("command, runner", [("evaluate", "evaluate_splits"), ("predict", "predict_logits")])
+def test_evaluate_and_predict_run_on_the_gpu_when_there_is_one(tiny_teacher, glue_dir, monkeypatch, command, runner):
     from distilkit.evaluate import evaluator
     from distilkit.precision import module_device
 
     devices = []
-    scored_on_cpu = evaluator.evaluate_splits
+    run_anywhere = getattr(evaluator, runner)
 
     def recording(student, *args):
         devices.append(module_device(student).type)
-        return scored_on_cpu(student, *args)
+        return run_anywhere(student, *args)
 
-    monkeypatch.setattr(evaluator, "evaluate_splits", recording)
-    result = cli("evaluate", str(tiny_teacher), "--task", "sst2", "--data", str(glue_dir))
+    monkeypatch.setattr(evaluator, runner, recording)
+    args = ["--task", "sst2", "--data", str(glue_dir)] if command == "evaluate" else ["a fine film"]
+    result = cli(command, str(tiny_teacher), *args)
     assert result.returncode == 0, result.stderr
     assert devices == ["cuda"]

@@ -122,8 +122,6 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                       "natively; else fp32")] = None,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
-    import torch
-
     from distilkit.config import DataConfig, apply_overrides, auto_precision, task_config
     from distilkit.data.qa_windows import task_dataset
     from distilkit.data.readers import read_split, unlabeled_split
@@ -131,6 +129,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.models.hub import resolve_model
     from distilkit.models.student import in_task_order, load_student, load_tokenizer, read_metadata, recorded_task
+    from distilkit.precision import available_device
     from distilkit.run import capped
 
     try:
@@ -152,7 +151,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         unscored = [s for s, d in datasets.items() if d.labels is None]
         if unscored:  # an empty answer would look like a score
             raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")
-        student.to(torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu")
+        student.to(available_device())
         if precision is None:  # the run's, where this machine runs it natively (fp16 on a CPU, bf16 on one without
             # fast bf16 or on a GPU before Ampere, are emulated: many times slower than fp32)
             recorded = meta.get("mixed_precision", "no")
@@ -265,6 +264,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     from distilkit.evaluate.evaluator import predict_logits
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
+    from distilkit.precision import available_device
     from distilkit.train.preflight import check_max_length
 
     try:
@@ -287,6 +287,8 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
                              f"{meta['task']}): give each input as " + (pair if reads == 2 else "one text, without |||"))
         tokenizer = load_tokenizer(str(model))
         student = inference_model(model, onnx=use_onnx, int8=int8)
+        if isinstance(student, torch.nn.Module):  # an ONNX student runs in ONNX Runtime, on the CPU
+            student.to(available_device())
         if "doc_stride" in meta:  # a SQuAD model: each input is 'question ||| context', read in windows
             for answer in _answers(student, tokenizer, meta, examples):
                 print(json.dumps(answer))

@@ -22,6 +22,12 @@ def module_device(model) -> torch.device:
     return torch.device("cpu")
 
 
+def available_device() -> torch.device:
+    """The accelerator torch finds (a CUDA or ROCm GPU, Apple's MPS, an XPU), else the CPU: where a saved model is
+    scored or asked for predictions. Training asks accelerate instead, which also knows the process's rank."""
+    return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+
+
 def autocast(device: torch.device, mixed_precision: str):
     """Autocast on `device`'s type in the configured dtype; disabled (fp32) for "no"."""
     dtype = AUTOCAST_DTYPES.get(mixed_precision)

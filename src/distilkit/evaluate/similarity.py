@@ -22,6 +22,7 @@ from distilkit.models.features import FeatureRequest
 from distilkit.models.hub import resolve_model
 from distilkit.models.student import load_student, load_tokenizer, read_metadata
 from distilkit.models.teacher import Teacher
+from distilkit.precision import available_device, to_device
 
 
 @torch.inference_mode()
@@ -30,16 +31,17 @@ def sentence_vectors(model: str, texts: list[str], pooling: str = "cls", max_len
     path = resolve_model(model)
     data = TokenizedDataset([Example((t,), None) for t in texts], load_tokenizer(path), max_length)
     bilstm = read_metadata(Path(path)).get("kind") == "bilstm"
-    encoder = load_student(path).eval() if bilstm else Teacher(path)
+    device = available_device()
+    encoder = load_student(path).eval().to(device) if bilstm else Teacher(path, device=device)
     out = np.zeros((len(texts), encoder.width), dtype=np.float32)
     for batch, _, _ in data.batches(batch_size, seed=0, epoch=0, position=None):
         if bilstm:
-            vectors = encoder.features(batch, FeatureRequest()).sentence
+            vectors = encoder.features(to_device(batch, device), FeatureRequest()).sentence
         else:
             layer = encoder.num_layers
             features = encoder.features(batch, FeatureRequest(hidden=frozenset({layer})))
             vectors = features.cls(layer) if pooling == "cls" else features.mean_pooled(layer)
-        out[batch["example_ids"].numpy()] = vectors.float().numpy()
+        out[batch["example_ids"].numpy()] = vectors.float().cpu().numpy()
     return out
 
 
