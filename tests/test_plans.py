@@ -180,6 +180,29 @@ def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_ba
     assert output.stat().st_mtime_ns > measured_at  # its cell changed: measured again
 
 
+def test_a_step_record_another_kind_of_machine_measured_is_kept(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
+                                                                 launched, capsys):
+    """A step reruns on each disk for what it makes (the MLM head Text Smoothing reads); its record, when it names
+    another kind of machine than this run's output, is kept, as a teacher's is under a student run elsewhere."""
+    script = tmp_path / "measure.py"
+    script.write_text("import json\nfrom distilkit.machine import environment\n"
+                      "print(json.dumps({'measured': 1, 'environment': environment()}))\n")
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    plan["steps"] = [{"name": "fit", "command": f"python {script}"}]
+    record = tmp_path / "results" / "records" / "fit.json"
+    record.parent.mkdir(parents=True)
+    other_machine = {"measured": 0, "environment": {"cpu": "another CPU"}}
+    record.write_text(json.dumps(other_machine))
+    Plans(load_plan(write(tmp_path, plan))).run(only=["fit"])
+    assert json.loads(record.read_text()) == other_machine
+    output = tmp_path / "plan" / "stages" / "fit.json"
+    assert f"step fit: its record (another CPU) is kept; this machine's output is {output}" in capsys.readouterr().err
+    record.unlink()  # none yet, or one of this kind: the output is the record
+    Plans(load_plan(write(tmp_path, plan))).run(only=["fit"])
+    assert json.loads(record.read_text()) == json.loads(output.read_text())
+
+
 def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                               launched, monkeypatch):
     path = write(tmp_path, tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir))

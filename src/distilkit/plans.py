@@ -436,7 +436,7 @@ class Plans:
     def step(self, step: Step) -> dict:
         """The step's JSON output, its command run first when the file is missing or older than a cell it
         measures."""
-        file = Path(step.file or Path(self.plan.output) / self.plan.name / f"{step.name}.json")
+        file = self.step_file(step)
         used = [self.cell(name) for name in self.referenced(step)]
         for cell in used:
             self.train(cell)
@@ -454,6 +454,21 @@ class Plans:
             file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(file, result.stdout)
         return json.loads(file.read_text())
+
+    def step_file(self, step: Step) -> Path:
+        return Path(step.file or Path(self.plan.output) / self.plan.name / f"{step.name}.json")
+
+    def write_step_record(self, step: Step, output: dict, path: Path) -> None:
+        """The step's output as its record, unless the record names another kind of machine than the output does: a
+        step reruns on each disk for what it makes (the MLM head Text Smoothing's cells read), and its record is what
+        was measured where (`--set results=<another folder>` keeps this machine's too)."""
+        from distilkit.evaluate.report import cpu
+
+        if path.is_file() and cpu(kept := json.loads(path.read_text())) != cpu(output):
+            print(f"[plan] step {step.name}: its record ({kept.get('environment', {}).get('cpu')}) is kept; this "
+                  f"machine's output is {self.step_file(step)}", file=sys.stderr)
+            return
+        atomic_write_text(path, json.dumps(output, indent=2))
 
     def referenced(self, step: Step) -> list[str]:
         """The cells a step's command names, as "{cell}"."""
@@ -486,7 +501,7 @@ class Plans:
                 continue
             output = self.step(step)
             if records_dir:
-                atomic_write_text(records_dir / f"{step.name.replace('/', '-')}.json", json.dumps(output, indent=2))
+                self.write_step_record(step, output, records_dir / f"{step.name.replace('/', '-')}.json")
         return self.render()
 
     def refuse_other_machines_records(self, names: list[str], records_dir: Path) -> None:
