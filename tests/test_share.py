@@ -122,6 +122,32 @@ def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp
     assert pushed == [(tmp_path / "run" / "best", "me/tiny-kd")]
 
 
+def test_a_push_the_hub_refuses_ends_in_one_line_that_says_how_to_push_again(kd_run, glue_dir, tiny_teacher,
+                                                                             tmp_path, monkeypatch):
+    """Offline or not logged in: `distilkit push` and a run's output.push_to_hub end in one line naming the fix, and
+    the run (its metrics, best/ and final/) is kept."""
+    out, _ = kd_run
+
+    class OfflineApi:
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            raise ConnectionError("Name or service not known\n(the rest of a long message)")
+
+    monkeypatch.setattr("huggingface_hub.HfApi", OfflineApi)
+    result = cli("push", str(out / "best"), "me/tiny-kd")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (f"could not push {out / 'best'} to the hub repo me/tiny-kd (ConnectionError: Name or service not known); "
+            f"the folder is kept: log in (hf auth login), connect, then run distilkit push {out / 'best'} me/tiny-kd"
+            ) in said
+    config = kd_config(glue_dir, tiny_teacher, tmp_path / "run")
+    config["output"]["push_to_hub"] = "me/tiny-kd"
+    config["train"]["max_steps"] = 2
+    (tmp_path / "kd.json").write_text(json.dumps(config))
+    result = cli("distill", tmp_path / "kd.json")
+    assert result.returncode == 2 and "then run distilkit push" in " ".join(result.stderr.split())
+    assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "best" / "README.md").is_file()
+
+
 def test_version_is_the_installed_package_version():
     from importlib.metadata import version
 
@@ -231,3 +257,31 @@ def test_the_cards_side_by_side_speed_times_both_models_padded(tmp_path, glue_di
     assert build_config(config).train.packing
     run_experiment(build_config(config))
     assert seen == [False, False]  # student, then teacher
+
+
+def _hub_error(kind: type[Exception]) -> Exception:
+    """One of huggingface_hub's errors, without the HTTP response its HTTP errors are built from."""
+    error = kind.__new__(kind)
+    Exception.__init__(error, "from the hub")
+    return error
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("LocalEntryNotFoundError", "and the Hugging Face hub cannot be reached to fetch it: give a model folder or an "
+                                "alias, or connect"),
+    ("RepositoryNotFoundError", "and the hub has no model myorg/roberta-sentiment (or it is private"),
+    ("GatedRepoError", "myorg/roberta-sentiment is gated on the hub: accept its terms"),
+    ("EntryNotFoundError", "myorg/roberta-sentiment on the hub has no config.json")])
+def test_a_hub_id_the_hub_cannot_give_ends_in_one_line(monkeypatch, glue_dir, kind, said):
+    """A model that is no local folder is asked of the hub before anything loads: offline (a mistyped `foo/best`
+    reads as a hub id), missing, gated or not a transformers model, the run ends in one line, not a traceback."""
+    from huggingface_hub import errors
+
+    def unreachable(repo_id, filename):
+        raise _hub_error(getattr(errors, kind))
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", unreachable)
+    result = cli("evaluate", "myorg/roberta-sentiment", "--task", "sst2", "--data", str(glue_dir))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert said in " ".join(result.stderr.split())

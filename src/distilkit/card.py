@@ -169,6 +169,10 @@ def write_card(folder: Path, scores: dict | None = None, metrics: dict | None = 
     return folder / CARD_FILE
 
 
+class PushFailed(RuntimeError):
+    """The hub refused or could not be reached; nothing local is lost."""
+
+
 def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
     """Uploads a student folder (weights, tokenizer, card) to a Hub model repo; needs `hf auth login`."""
     from huggingface_hub import HfApi
@@ -179,6 +183,12 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
     if not (folder / CARD_FILE).is_file():
         write_card(folder)
     api = HfApi()
-    url = api.create_repo(repo_id, private=private, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="Upload a student distilled with distilkit")
+    try:
+        url = api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="Upload a student distilled with distilkit")
+    except Exception as err:  # offline, not logged in, no write access, a bad repo id: the hub's own words, one line
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise PushFailed(f"could not push {folder} to the hub repo {repo_id} ({type(err).__name__}: {reason}); the "
+                         f"folder is kept: log in (hf auth login), connect, then run distilkit push {folder} {repo_id}"
+                         ) from None
     return str(url)

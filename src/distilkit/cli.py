@@ -39,7 +39,7 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override 
 # the errors a user can fix, which end in one line. ConfigError, DataError and ModelNotFound are ValueErrors; these are
 # not, so they are named by the module that defines them: one not imported yet raised none of its own (importing the
 # distiller to name them would cost a mistyped config's answer seconds of torch)
-USER_RUNTIME_ERRORS = {"distilkit.train.outdir": ["RunError"],
+USER_RUNTIME_ERRORS = {"distilkit.train.outdir": ["RunError"], "distilkit.card": ["PushFailed"],
                        "distilkit.train.distiller": ["LaunchError", "NonFiniteLoss"]}
 
 

@@ -104,4 +104,35 @@ def resolve_model(name: str) -> str:
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") and not _in_hub_cache(name):
         raise ModelNotFound(f"model {name!r} is not a local folder or an alias ({', '.join(ALIASES)}), and "
                             "HF_HUB_OFFLINE is set so the hub is not asked: give a model folder or an alias")
-    return name  # a hub id; from_pretrained reports if it cannot be fetched
+    return _on_the_hub(name)
+
+
+def _on_the_hub(name: str) -> str:
+    """A hub id whose config the hub gives (fetched now, then read from the cache), so that a model it cannot give
+    is said in one line before anything loads; transformers ends such a fetch in a traceback."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    not_local = f"model {name!r} is not a local folder or an alias ({', '.join(ALIASES)})"
+    try:
+        hf_hub_download(name, "config.json")
+    except HFValidationError:
+        raise ModelNotFound(f"{not_local}, nor a hub id (owner/name): give a model folder or an alias") from None
+    except LocalEntryNotFoundError:  # no connection, and not in the hub cache
+        raise ModelNotFound(f"{not_local}, and the Hugging Face hub cannot be reached to fetch it: give a model "
+                            "folder or an alias, or connect") from None
+    except GatedRepoError:
+        raise ModelNotFound(f"{name} is gated on the hub: accept its terms on its page, then log in (hf auth login)") \
+            from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(f"{not_local}, and the hub has no model {name} (or it is private: log in with hf auth "
+                            "login)") from None
+    except EntryNotFoundError:
+        raise ModelNotFound(f"{name} on the hub has no config.json: not a Hugging Face transformers model") from None
+    return name
