@@ -321,6 +321,11 @@ CASES: dict[str, tuple] = {
     "output.dir is a file": (lambda w: w.distill(f"output.dir={w.file('afile', 'x')}"), ["is a file"]),
     # predict, evaluate, export, recipe, bench
     "predict without input": (lambda w: ["predict", str(w.teacher)], ["give text"]),
+    "predict an empty file": (lambda w: ["predict", str(w.teacher), "--file", w.file("empty.txt", "\n")],
+                              ["empty.txt holds no inputs"]),
+    "predict a table with a model that records no task": (
+        lambda w: ["predict", str(w.teacher), "--file", w.file("t.csv", "sentence\nhi\n")],
+        ["is a table", "does not record its task's text columns", "give a .txt file"]),
     "predict empty text": (lambda w: ["predict", str(w.teacher), "good", " "], ["input 2 is empty"]),
     "predict one text to a pair model": (lambda w: ["predict", str(_pair_model(w)), "a good film"],
                                          ["trained on pairs (task mrpc)", "'first text ||| second text'"]),

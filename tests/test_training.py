@@ -99,6 +99,15 @@ print(json.dumps({{"logits": logits, "labels": labels}}))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[0])["label"] in ("negative", "positive")
 
+    # a file in the task's own form: its text column read, its header and labels not (a user's held-out csv)
+    by_argument = cli("predict", str(exported), *sentences).stdout
+    table = exported.parent / "held-out.csv"
+    table.write_text("label,sentence\n" + "".join(f'1,"{s}"\n' for s in sentences))
+    (lines := exported.parent / "held-out.txt").write_text("\n".join(sentences) + "\n\n")
+    for file in (table, lines):
+        result = cli("predict", str(exported), "--file", file)
+        assert result.returncode == 0 and result.stdout == by_argument, result.stderr
+
 
 def test_cli_reports_bad_config_without_traceback(tmp_path):
     """Through the process a user starts, `python -m distilkit`: one line and exit code 2."""

@@ -251,7 +251,9 @@ def push(folder: Annotated[Path, typer.Argument(help="a saved student folder (a 
 @app.command()
 def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (PyTorch or with model.onnx)")],
             texts: Annotated[list[str] | None, typer.Argument(help="text(s); a pair as 'first ||| second'")] = None,
-            file: Annotated[Path | None, typer.Option(help="one input per line")] = None,
+            file: Annotated[Path | None, typer.Option(
+                help="a table the model's task reads (.csv, .tsv, .jsonl, .parquet, .arrow, .json: its text "
+                     "columns; a label column is not read), or any other text file, one input per line")] = None,
             use_onnx: Annotated[bool, typer.Option("--onnx", help="run model.onnx with ONNX Runtime")] = False,
             int8: Annotated[bool, typer.Option("--int8", help="run model.int8.onnx with ONNX Runtime")] = False,
             max_length: Annotated[int | None, typer.Option(help="default: the model's training max length")] = None
@@ -268,18 +270,20 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     from distilkit.train.preflight import check_max_length
 
     try:
+        meta = read_metadata(model)
         lines = list(texts or [])
-        if file:
-            lines += [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not lines:
-            raise ValueError("give text arguments or --file")
         examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        if file:
+            from_file = _file_inputs(file, meta, model)
+            lines += [" ||| ".join(e.texts) for e in from_file]
+            examples += from_file
+        if not examples:
+            raise ValueError(f"{file} holds no inputs" if file else "give text arguments or --file")
         empty = [i + 1 for i, e in enumerate(examples) if not all(e.texts)]
         if empty:
             raise ValueError(f"input {empty[0]} is empty (or a pair with an empty side): give text to predict on")
         if len({len(e.texts) for e in examples}) != 1:
             raise ValueError("mix of single texts and pairs: give all inputs in the same form")
-        meta = read_metadata(model)
         reads = _texts_per_input(meta)
         if reads and len(examples[0].texts) != reads:
             pair = "'question ||| context'" if "doc_stride" in meta else "'first text ||| second text'"
@@ -323,6 +327,27 @@ def _config_labels(model: Path) -> list[str] | None:
         return None
     config = AutoConfig.from_pretrained(model, trust_remote_code=False)
     return [str(config.id2label[i]) for i in range(config.num_labels)] if config.num_labels > 1 else None
+
+
+def _file_inputs(file: Path, meta: dict, model: Path) -> list:
+    """predict --file's inputs: a table by the model's task's text columns (as training read it, so a csv's header
+    and label column are not inputs), else one per line ('first ||| second' for a pair)."""
+    from distilkit.config import task_config
+    from distilkit.data.readers import FILE_BUILDERS, Example, read_task_file
+    from distilkit.data.tasks import task_spec
+    from distilkit.models.student import recorded_task
+
+    if not file.is_file():
+        raise FileNotFoundError(f"--file {file} does not exist")
+    if file.suffix.lower() not in (".csv", ".tsv", ".jsonl", *FILE_BUILDERS):
+        lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+    recorded = recorded_task(meta)
+    if recorded is None or "doc_stride" in meta:
+        why = "a question-answering model reads 'question ||| context' lines" if recorded else \
+            f"{model} does not record its task's text columns"
+        raise ValueError(f"--file {file} is a table, and {why}: give a .txt file, one input per line")
+    return read_task_file(task_spec(task_config(recorded)), file, labeled=False)
 
 
 def _texts_per_input(meta: dict) -> int | None:
