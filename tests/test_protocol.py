@@ -57,6 +57,10 @@ def test_distill_warns_of_an_untrained_teacher_and_records_it(tmp_path, glue_dir
     assert check["student"] == metrics["best_scores"]["dev"]["accuracy"]  # then set beside the teacher
     assert check["student_at_or_above_teacher"] == (check["student"] >= check["teacher"])
     assert ("at or above its teacher" in done.stderr) == check["student_at_or_above_teacher"]
+    learned = metrics["student_check"]  # and the student beside the constant prediction, teacher or not
+    assert learned["constant"] == 0.5 and learned["student"] == check["student"]
+    assert learned["learned_little"] == (learned["student"] < 0.52)
+    assert ("it has learned little of this task" in done.stderr) == learned["learned_little"]
 
 
 def test_the_teacher_gives_its_targets_without_dropout_after_it_is_scored(glue_dir, tiny_teacher, tmp_path):
@@ -77,6 +81,23 @@ def test_the_teacher_gives_its_targets_without_dropout_after_it_is_scored(glue_d
     run.teacher.model.train()  # whatever code touches the model next, its targets stay deterministic
     first, second = (run.teacher.features(batch, FeatureRequest(logits=True)).logits for _ in range(2))
     assert torch.equal(first, second)
+
+
+def test_a_student_near_the_constant_prediction_is_said(capsys):
+    """The best constant prediction on labels 0, 1, 1, 1 is class 1 for every example: accuracy 0.75; a student
+    within 2 points of it has learned little, a teacher or none; a correlation near 0 likewise."""
+    from distilkit.evaluate.against_teacher import check_student_learned
+
+    dev = {"dev": SimpleNamespace(labels=[0, 1, 1, 1])}
+    assert check_student_learned({"dev": {"accuracy": 0.76}}, dev, named_task("sst2"))["learned_little"] is True
+    assert "student scores accuracy 0.7600 on dev at its best, no more than 2 points above predicting" in \
+        capsys.readouterr().err
+    assert check_student_learned({"dev": {"accuracy": 0.78}}, dev, named_task("sst2"))["constant"] == 0.75
+    assert capsys.readouterr().err == ""
+    scores = {"dev": {"pearson": 0.015, "spearman": 0.3}}
+    assert check_student_learned(scores, {"dev": SimpleNamespace(labels=[0.5, 2.0, 4.1])}, named_task("stsb"))[
+        "learned_little"] is True
+    assert check_student_learned({}, dev, named_task("sst2")) == {}  # nothing scored (no dev split)
 
 
 def test_a_student_at_or_above_its_teacher_is_said(capsys):

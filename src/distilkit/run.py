@@ -51,6 +51,7 @@ from distilkit.data.readers import (
 from distilkit.data.tasks import TaskSpec, named_task, task_spec
 from distilkit.evaluate.against_teacher import (
     check_student_beat_teacher,
+    check_student_learned,
     check_teacher,
     measure_against_teacher,
     teacher_scores,
@@ -514,6 +515,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
     if teacher_check:
         split_scores = metrics["best_scores"].get(teacher_check["split"], {})
         metrics["teacher_check"] = check_student_beat_teacher(teacher_check, split_scores.get(teacher_check["metric"]))
+    metrics["student_check"] = check_student_learned(metrics["best_scores"], run.eval_data, run.task)
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))  # its presence marks the run finished
     # a finished run is never resumed: its checkpoints (weights + optimizer state, ~3x the model) only take disk
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
