@@ -172,6 +172,25 @@ def test_a_teacher_naming_its_labels_in_another_order_is_read_in_the_task_s_orde
     assert json.loads(result.stdout.splitlines()[-1])["label"] == "pos"
 
 
+def test_a_teacher_with_unnamed_labels_is_read_by_position_and_says_so(caplog):
+    """A Trainer saves LABEL_0, LABEL_1, ... unless told the names: nothing to match by name, so the task's order is
+    assumed, said once, with the fix (a silent mislabel otherwise, if the teacher learned another order)."""
+    from transformers import PretrainedConfig
+
+    from distilkit.data.tasks import named_task
+    from distilkit.models.teacher import label_order
+
+    unnamed = PretrainedConfig(num_labels=3)
+    assert unnamed.id2label[0] == "LABEL_0"
+    assert label_order(unnamed, named_task("mnli"), "teacher t") is None
+    assert ("teacher t names its labels LABEL_0..., not by name: they are matched by position to the task's "
+            f"{list(named_task('mnli').label_names)}; if it was trained with its labels in another order, list "
+            "task.labels in that order") in caplog.text
+    caplog.clear()
+    assert label_order(PretrainedConfig(num_labels=1), named_task("stsb"), "teacher t") is None  # a score: no order
+    assert caplog.text == ""
+
+
 def test_a_pretrained_student_with_a_head_of_another_size_gets_a_new_head(tiny_teacher, caplog):
     """A fine-tuned 2-class model continued on regression: its encoder kept, its head started afresh, and said."""
     teacher = Teacher(str(tiny_teacher), glue_task("sst2"))

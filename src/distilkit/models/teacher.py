@@ -156,7 +156,11 @@ def label_order(config, task: TaskSpec, name: str) -> list[int] | None:
     labels, when it names its labels in another order (e.g. an MNLI model saved with contradiction first): the task's
     label i is its output order[i]. None when the order is the task's, or cannot be told (LABEL_0...: by position)."""
     teacher_names = [str(config.id2label[i]) for i in range(config.num_labels)]
-    if all(n.startswith("LABEL_") and n[6:].isdigit() for n in teacher_names):
+    if all(n.startswith("LABEL_") and n[6:].isdigit() for n in teacher_names):  # a Trainer's default: no names
+        if config.num_labels > 1:
+            log.warning("%s names its labels %s..., not by name: they are matched by position to the task's %s; if "
+                        "it was trained with its labels in another order, list task.labels in that order", name,
+                        teacher_names[0], list(task.label_names))
         return None
     folded = [n.strip().lower() for n in teacher_names]
     for task_names in dict.fromkeys([task.label_names, task.labels]):
