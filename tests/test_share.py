@@ -171,7 +171,8 @@ def test_a_cli_call_in_the_tests_leaves_the_libraries_as_it_found_them(monkeypat
     (["--help"], 0, "distill"),
     (["distill", "missing.yaml"], 2, "config file missing.yaml does not exist"),
     (["distill", "bad.yaml"], 2, "bad.yaml"),
-    (["distill", "--preset", "no-such"], 2, "no preset named 'no-such'")])
+    (["distill", "--preset", "no-such"], 2, "no preset named 'no-such'"),
+    (["distill"], 2, "give a config file (a YAML path), a shipped one by --preset NAME (one of bilstm-kd-tang-mrpc,")])
 def test_help_and_a_config_not_there_load_neither_torch_nor_transformers(args, code, said, tmp_path):
     """`distilkit --help` answers at once, and so does a config or preset that is not there or not YAML: the
     built-in methods (torch, transformers) load when a config needs them."""

@@ -66,9 +66,12 @@ def _fail(err: Exception) -> None:
 
 
 def _train(config_path: Path | None, overrides: list[str], force_method: str | None, preset: str | None) -> None:
-    from distilkit.config import find_preset, load_config
+    from distilkit.config import find_preset, load_config, preset_names
 
     try:
+        if not (config_path or preset or overrides):  # else a schema error about the first default that needs a field
+            raise ValueError(f"give a config file (a YAML path), a shipped one by --preset NAME (one of "
+                             f"{', '.join(preset_names())}), or fields by --set section.field=value")
         if preset:
             if config_path:
                 raise ValueError("give a config file or --preset, not both")

@@ -630,13 +630,19 @@ def build_config(data: dict) -> ExperimentConfig:
         raise ConfigError("invalid config: " + _describe(err, root=ExperimentConfig)) from None
 
 
+PRESETS = Path(str(resources.files("distilkit") / "presets"))  # shipped experiment configs, <name>.yaml
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
 def find_preset(name: str) -> Path:
     """A shipped experiment config by name: src/distilkit/presets/<name>.yaml."""
-    folder = Path(str(resources.files("distilkit") / "presets"))
-    path = folder / f"{name}.yaml"
+    path = PRESETS / f"{name}.yaml"
     if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
-        raise ConfigError(f"no preset named {name!r}; presets: {names} (plans run with `distilkit bench NAME`)")
+        raise ConfigError(f"no preset named {name!r}; presets: {', '.join(preset_names())} (plans run with "
+                          "`distilkit bench NAME`)")
     return path
 
 
