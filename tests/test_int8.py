@@ -307,3 +307,33 @@ def test_evaluate_and_predict_run_on_the_gpu_when_there_is_one(tiny_teacher, glu
     result = cli(command, str(tiny_teacher), *args)
     assert result.returncode == 0, result.stderr
     assert devices == ["cuda"]
+
+
+def test_export_says_how_far_int8_keeps_fp32_and_evaluate_scores_each_format(tiny_teacher, glue_dir, tmp_path):
+    """The int8 check `export` writes into the file is printed, so the user sees it; `evaluate --onnx / --int8`
+    scores the deployed files on dev (ONNX fp32 as PyTorch does); the folder is readable by others, as any folder
+    the user makes (mkdtemp had made it the owner's alone)."""
+    from distilkit.models.student import write_metadata
+
+    unchecked = cli("export", str(tiny_teacher), str(tmp_path / "unchecked"), "--int8")  # no task: no text to check on
+    said = json.loads(unchecked.stdout)["int8_check"]
+    assert not said["checked"] and "the model does not record its task" in said["why_not"]
+    model = tmp_path / "student"
+    shutil.copytree(tiny_teacher, model)
+    write_metadata(model, {"kind": "transformer", "task": "sst2", "labels": ["0", "1"], "max_length": 32})
+    exported = tmp_path / "deploy"
+    result = cli("export", str(model), str(exported), "--onnx", "--int8", env={"DISTILKIT_DATA": str(glue_dir)})
+    assert result.returncode == 0, result.stderr
+    check = json.loads(result.stdout)["int8_check"]
+    assert check["checked"] and 0 <= check["agreement"] <= 1 and "dev" in check["calibration"], check
+    umask = os.umask(0)
+    os.umask(umask)
+    assert exported.stat().st_mode & 0o777 == 0o777 & ~umask
+    scores = {}
+    for fmt in ([], ["--onnx"], ["--int8"]):
+        scored = cli("evaluate", str(exported), "--data", str(glue_dir), "--precision", "no", *fmt)
+        assert scored.returncode == 0, scored.stderr
+        scores[json.loads(scored.stdout)["format"]] = json.loads(scored.stdout)["metrics"]["dev"]["accuracy"]
+    assert set(scores) == {"pytorch", "onnx_fp32", "onnx_int8"} and scores["onnx_fp32"] == scores["pytorch"]
+    refused = cli("evaluate", str(exported), "--data", str(glue_dir), "--int8", "--precision", "bf16")
+    assert refused.returncode == 2 and "an ONNX file runs in its own precision" in refused.stderr

@@ -123,15 +123,19 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
                  help="no (fp32), bf16 or fp16; default: the precision its run scored it in (the run's "
                       "train.mixed_precision), so that its metrics.json is reproduced, where this machine runs it "
                       "natively; else fp32")] = None,
+             use_onnx: Annotated[bool, typer.Option("--onnx", help="score its model.onnx in ONNX Runtime (an "
+                                                                   "export's folder)")] = False,
+             int8: Annotated[bool, typer.Option("--int8", help="score its model.int8.onnx in ONNX Runtime")] = False,
              output: Annotated[Path | None, typer.Option(help="write the results JSON here")] = None) -> None:
-    """Dev metrics of a saved model (GLUE or SQuAD), as JSON."""
+    """Dev metrics of a saved model (GLUE or SQuAD), as JSON; of its ONNX or int8 export with --onnx / --int8."""
     from distilkit.config import DataConfig, apply_overrides, auto_precision, task_config
     from distilkit.data.qa_windows import task_dataset
     from distilkit.data.readers import read_split, unlabeled_split
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
+    from distilkit.export import inference_model
     from distilkit.models.hub import resolve_model
-    from distilkit.models.student import in_task_order, load_student, load_tokenizer, read_metadata, recorded_task
+    from distilkit.models.student import in_task_order, load_tokenizer, read_metadata, recorded_task
     from distilkit.precision import available_device
     from distilkit.run import capped
 
@@ -148,13 +152,18 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         # as trained, so the scores match metrics.json; else the training default (SQuAD's windows are 384)
         length = max_length or meta.get("max_length", 384 if spec.answer_spans else 128)
         tokenizer = load_tokenizer(path)
-        student = in_task_order(load_student(path), path, spec)
+        student = in_task_order(inference_model(Path(path), onnx=use_onnx, int8=int8), path, spec)
         datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
                     for s in split or spec.dev_splits}
         unscored = [s for s, d in datasets.items() if d.labels is None]
         if unscored:  # an empty answer would look like a score
             raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")
-        student.to(available_device())
+        if use_onnx or int8:  # ONNX Runtime on the CPU, in the file's own precision
+            if precision not in (None, "no"):
+                raise ValueError("--precision is for a PyTorch model; an ONNX file runs in its own precision")
+            precision = "no"
+        else:
+            student.to(available_device())
         if precision is None:  # the run's, where this machine runs it natively (fp16 on a CPU, bf16 on one without
             # fast bf16 or on a GPU before Ampere, are emulated: many times slower than fp32)
             recorded = meta.get("mixed_precision", "no")
@@ -162,7 +171,8 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
             if precision != recorded:
                 console.print(f"note: scored in fp32, as this machine runs {recorded} slowly; its run scored in "
                               f"{recorded} (--precision {recorded} reproduces metrics.json, slowly)", highlight=False)
-        results = {"model": model, "task": spec.name, "precision": precision,
+        results = {"model": model, "task": spec.name,
+                   "format": "onnx_int8" if int8 else "onnx_fp32" if use_onnx else "pytorch", "precision": precision,
                    "metrics": evaluate_splits(student, datasets, spec, batch_size, precision)}
     except _user_errors() as err:
         _fail(err)
@@ -229,11 +239,16 @@ def export(model: Annotated[Path, typer.Argument(help="a saved student folder")]
            ) -> None:
     """Save a student for deployment: HF folder + tokenizer, optionally ONNX and int8 ONNX."""
     from distilkit.export import export as do_export
+    from distilkit.export import int8_check
 
     try:
         written = do_export(model, destination, onnx=onnx, int8=int8)
     except _user_errors() as err:
         _fail(err)
+    if int8:  # how far int8 keeps fp32's answers, and on what text (kept in the file too)
+        check = int8_check(Path(written["int8"]))
+        written["int8_check"] = {k: check[k] for k in ("checked", "why_not", "calibration", "agreement",
+                                                       "layers_fp32") if k in check}
     print(json.dumps(written, indent=2))
 
 

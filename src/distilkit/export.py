@@ -393,6 +393,12 @@ def inference_model(model_dir: Path, onnx: bool = False, int8: bool = False):
     return OnnxStudent(path)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = False,
            calibration_text: list[str | tuple[str, str]] | None = None) -> dict[str, str]:
     """Builds the export in a temporary folder beside `destination` and renames it into place only when
@@ -412,6 +418,7 @@ def export(model_dir: Path, destination: Path, onnx: bool = False, int8: bool = 
             parts["onnx"] = export_onnx(building)
             if int8:
                 parts["int8"] = quantize_int8(parts["onnx"], texts=calibration_text)
+        building.chmod(0o777 & ~_umask())  # a folder to share or serve: mkdtemp made it the owner's alone (0700)
         if destination.exists():
             destination.rmdir()
         os.replace(building, destination)
