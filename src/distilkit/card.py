@@ -142,9 +142,10 @@ def build_card(metadata: dict, scores: dict | None = None, metrics: dict | None 
         if speed:
             sample = f" ({speed['examples']} evenly spaced examples)" if "examples" in speed else ""
             lines.append(f"- dev-set throughput on {speed['split']}{sample}, batch {speed['batch_size']}, "
-                         f"{speed['threads']} threads, measured one after the other in the training process: "
-                         f"student {speed['student']} sentences/s, teacher {speed['teacher']} sentences/s "
-                         f"({speed['student'] / speed['teacher']:.2f}×)")
+                         f"{speed['threads']} thread{'s' if speed['threads'] != 1 else ''}, measured one after the "
+                         f"other in the training process: student {speed['student']} sentences/s, teacher "
+                         f"{speed['teacher']} sentences/s ({speed['student'] / speed['teacher']:.2f}×; a rough "
+                         "figure: other work on the machine slows either; `distilkit bench` times them side by side)")
         if machine:
             lines.append(f"- machine: {machine}")
     if config_text:
