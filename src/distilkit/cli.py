@@ -560,9 +560,10 @@ def main() -> None:
     _quiet_libraries()
     try:
         app()
-    except KeyboardInterrupt:
-        console.print("interrupted; rerun the same command to resume from the last checkpoint")
-        sys.exit(130)
+    except SystemExit as end:
+        if end.code == 130:  # Ctrl-C: typer turns the KeyboardInterrupt into a silent exit 130
+            console.print("interrupted; a run resumes from its last checkpoint when the same command is run again")
+        raise
     except OSError as err:  # a full disk mid-run: one line, not a traceback (checkpoints are written whole or not at all)
         if err.errno != errno.ENOSPC:
             raise
