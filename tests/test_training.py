@@ -210,6 +210,15 @@ def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_te
     with pytest.raises(RunError, match="different config"):
         run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))
     assert (out / "config.yaml").read_text() == "something: else\n"
+    # a config of this run with one setting changed since: the message names it (there, then now)
+    from distilkit.config import dump_config
+
+    config = kd_config(glue_dir, tiny_teacher, out)
+    (out / "config.yaml").write_text(dump_config(build_config(config)))
+    config["train"]["learning_rate"] = 0.003
+    with pytest.raises(RunError, match=r"an unfinished run with a different config \(train\.learning_rate: "
+                                       r"0\.001 there, 0\.003 now\)"):
+        run_experiment(build_config(config))
 
 
 def test_a_start_refused_for_its_teacher_leaves_the_folder_free_for_the_fixed_rerun(tmp_path, glue_dir, tiny_teacher,

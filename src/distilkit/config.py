@@ -697,9 +697,22 @@ def same_config(saved: str, resolved: str) -> bool:
     an upgrade of distilkit does not retrain or refuse every finished run. This holds because a new field
     defaults to the behaviour from before it existed; a changed default is a different value in the saved
     text, and that run is redone."""
-    if saved == resolved:
-        return True
+    return saved == resolved or config_differences(saved, resolved) == []
+
+
+def config_differences(saved: str, resolved: str) -> list[str] | None:
+    """The fields (section.field: saved → resolved) in which two config texts ask for different runs, as
+    `same_config` compares them; None when the saved text no longer reads as a config."""
     try:
-        return what_runs(build_config(yaml.safe_load(saved) or {})) == what_runs(build_config(yaml.safe_load(resolved)))
+        old, new = (what_runs(build_config(yaml.safe_load(text) or {})) for text in (saved, resolved))
     except (ConfigError, yaml.YAMLError):
-        return False
+        return None
+
+    def flat(value, prefix=""):
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): value}
+
+    old, new = flat(old), flat(new)
+    return [f"{key}: {old.get(key)!r} there, {new.get(key)!r} now" for key in sorted(old.keys() | new.keys())
+            if old.get(key) != new.get(key)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from distilkit.config import same_config
+from distilkit.config import config_differences, same_config
 from distilkit.machine import atomic_write_text, machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
@@ -76,7 +76,11 @@ class OutputDir:
             return  # a start that failed after writing its config (a teacher pass refused it): nothing to keep
         if finished or not same_config((out / CONFIG_FILE).read_text(), self.resolved_config):
             if not self.overwrite:
-                what = "a finished run" if finished else "an unfinished run with a different config"
+                differences = None if finished else config_differences((out / CONFIG_FILE).read_text(),
+                                                                         self.resolved_config)
+                shown = "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else "") if differences else ""
+                what = "a finished run" if finished else \
+                    f"an unfinished run with a different config{f' ({shown})' if shown else ''}"
                 raise RunError(f"output.dir {out} holds {what}; choose another output.dir, or set "
                                "output.overwrite=true to move it aside (it is kept, renamed)")
             self.replace = True
