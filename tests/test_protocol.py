@@ -133,6 +133,15 @@ def test_a_task_without_a_dev_file_is_scored_on_examples_held_out_of_train(tmp_p
     assert run.train_data.num_examples == 40 and list(run.eval_data) == ["dev"] and len(run.eval_data["dev"]) == 12
     with pytest.raises(Exception, match="holds out every one of the 60 training examples"):
         build_run(build_config({**config, "data": {**config["data"], "dev_from_train": 60}}))
+    # without it the run trains unscored and says how to score it, on stderr: stdout is the result's JSON alone
+    del config["data"]["dev_from_train"]
+    config["train"] = {"max_steps": 2, "mixed_precision": "no"}
+    (tmp_path / "qqp.json").write_text(json.dumps(config))
+    result = cli("finetune", tmp_path / "qqp.json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["task"] == "qqp"  # the note no longer precedes the JSON on stdout
+    assert "no best/ is kept (final/ is): set data.dev_from_train: N to hold out N training examples as dev" in \
+        " ".join(result.stderr.split())
 
 
 def _record(task, seed, score, **extra):

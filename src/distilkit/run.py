@@ -158,7 +158,9 @@ def eval_examples(config: ExperimentConfig, task: TaskSpec, held_out_dev: list[E
         except MissingSplit as err:  # a file that exists but cannot be read stops the run
             if config.eval.splits:  # asked for explicitly: must exist
                 raise
-            print(f"note: skipping evaluation split {split}: {err}")
+            print(f"note: skipping evaluation split {split}: {err}" + (
+                "; without a dev split nothing is scored and no best/ is kept (final/ is): set data.dev_from_train: "
+                "N to hold out N training examples as dev" if split == "dev" else ""), file=sys.stderr)
             continue
         if not task.answer_spans and all(e.label is None for e in examples):  # else left out of the scores unsaid
             raise unlabeled_split(task, split, "drop it from eval.splits")

@@ -193,7 +193,8 @@ def _parse_label(task: TaskSpec, raw: str | int | float | None, where: str) -> i
     if isinstance(raw, float) and raw.is_integer():
         text = str(int(raw))
     if text not in task.labels:
-        raise DataError(f"{where}: label {text!r} is not one of {list(task.labels)}")
+        raise DataError(f"{where}: label {text!r} is not one of {list(task.labels)}: fix the row, or add the label "
+                        "to task.labels")
     return task.labels.index(text)
 
 
@@ -223,8 +224,12 @@ def _check_header(task: TaskSpec, path: Path, header: list[str], labeled: bool) 
     needed = set(task.text_columns) | ({task.label_column} if labeled else set())
     missing = needed - set(header)
     if missing:
+        # a tab-separated file named .csv reads as one column holding tabs (and a comma-separated .tsv likewise)
+        delimiter, suffix = {".csv": ("\t", ".tsv"), ".tsv": (",", ".csv")}.get(path.suffix.lower(), ("", ""))
+        hint = f"; it looks {suffix[1:]}: name it {path.with_suffix(suffix).name}" \
+            if delimiter and any(delimiter in column for column in header) else ""
         raise DataError(f"{path}: header lacks column(s) {sorted(missing)}; header is {header} "
-                        "(task.text_columns and task.label_column name them)")
+                        f"(task.text_columns and task.label_column name them){hint}")
 
 
 def read_table(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
@@ -271,7 +276,7 @@ def _read_delimited(task: TaskSpec, path: Path, labeled: bool, delimiter: str, g
         reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE if glue else csv.QUOTE_MINIMAL)
         header = next(reader, None)
         if header is None:
-            raise DataError(f"{path}: empty file")
+            raise DataError(f"{path}: empty file: it needs a header row naming its columns, then one example a row")
         rows = reader
         if glue and task.headerless_columns and not set(task.text_columns) <= set(header):
             # CoLA's train and dev have no header (its test.tsv has one): the first line is a row
