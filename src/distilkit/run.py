@@ -432,7 +432,7 @@ def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
     write_card(out / "final", metrics["final"], **common)
     if config.output.push_to_hub:
         folder = out / "best" if (out / "best").is_dir() else out / "final"
-        print(f"pushed {folder} to {push_to_hub(folder, config.output.push_to_hub)}")
+        print(f"pushed {folder} to {push_to_hub(folder, config.output.push_to_hub)}", file=sys.stderr)
 
 
 def run_experiment(config: ExperimentConfig) -> dict:
