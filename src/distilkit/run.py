@@ -319,7 +319,7 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
         if student_size >= teacher_size:  # allowed (self-distillation), but rarely what a user compressing means
             print(f"note: the student ({student_size / 1e6:.1f}M parameters) is no smaller than the teacher "
                   f"({teacher_size / 1e6:.1f}M), so it will not run faster: for a compressed model choose fewer "
-                  "student.layers or a smaller student.preset", file=sys.stderr)
+                  "student.layers or a narrower student.hidden (a student.preset sets both)", file=sys.stderr)
     check_max_length(config.data.max_length, teacher_longest, {f"teacher {t.name}" if len(teachers) > 1 else "teacher":
                                                                 t.config for t in teachers})
     check_max_length(config.data.max_length, longest, {"student": student_config})
