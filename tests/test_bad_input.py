@@ -347,6 +347,11 @@ CASES: dict[str, tuple] = {
                                  f"test_file={w.file('test.tsv', UNLABELED_TSV)}")
                      for a in ("--task-set", s)]],
         ["split test is read without labels", "its file has no label column 'label'", "score dev"]),
+    "evaluate a split the task has no file for": (
+        lambda w: ["evaluate", str(w.teacher), "--task", "custom", "--split", "test",
+                   *[a for s in ("text_columns=[text]", "labels=['0','1']", f"train_file={w.file('t.tsv', TSV)}")
+                     for a in ("--task-set", s)]],
+        ["custom task has no test file", "--task-set test_file=FILE"]),
     "eval.splits names a split without labels": (
         lambda w: w.custom(w.file("t.tsv", TSV), f"task.dev_file={w.file('d.tsv', TSV)}",
                            f"task.test_file={w.file('test.tsv', UNLABELED_TSV)}", "eval.splits=[dev,test]"),
