@@ -130,7 +130,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     """Dev metrics of a saved model (GLUE or SQuAD), as JSON; of its ONNX or int8 export with --onnx / --int8."""
     from distilkit.config import DataConfig, apply_overrides, auto_precision, task_config
     from distilkit.data.qa_windows import task_dataset
-    from distilkit.data.readers import read_split, unlabeled_split
+    from distilkit.data.readers import MissingSplit, read_split, unlabeled_split
     from distilkit.data.tasks import task_spec
     from distilkit.evaluate.evaluator import evaluate_splits
     from distilkit.export import inference_model
@@ -153,8 +153,15 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
         length = max_length or meta.get("max_length", 384 if spec.answer_spans else 128)
         tokenizer = load_tokenizer(path)
         student = in_task_order(inference_model(Path(path), onnx=use_onnx, int8=int8), path, spec)
-        datasets = {s: task_dataset(spec, capped(read_split(spec, s, settings), max_examples), tokenizer, length)
-                    for s in split or spec.dev_splits}
+        datasets = {}
+        for name in split or spec.dev_splits:
+            try:
+                examples = read_split(spec, name, settings)
+            except MissingSplit:  # a custom task's: the fix as this command takes a task's fields
+                if spec.name != "custom":
+                    raise
+                raise MissingSplit(f"custom task has no {name} file: pass --task-set {name}_file=FILE") from None
+            datasets[name] = task_dataset(spec, capped(examples, max_examples), tokenizer, length)
         unscored = [s for s, d in datasets.items() if d.labels is None]
         if unscored:  # an empty answer would look like a score
             raise unlabeled_split(spec, unscored[0], "score dev, or predict its labels with distilkit predict")

@@ -98,8 +98,7 @@ def read_split(task: TaskSpec, split: str, data: DataConfig) -> list[Example]:
     if task.name == "custom":
         files = task.split_files.get(split)
         if not files:
-            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file (in distilkit evaluate: "
-                               f"--task-set {split}_file=FILE)")
+            raise MissingSplit(f"custom task has no {split} file: set task.{split}_file")
         path = Path(files[0])  # a test file of the user's is scored when it holds its labels (GLUE's test has none)
         return read_task_file(task, path, labeled or task.label_column in _columns(path))
     if data.source == "hub":
