@@ -701,7 +701,7 @@ def same_config(saved: str, resolved: str) -> bool:
 
 
 def config_differences(saved: str, resolved: str) -> list[str] | None:
-    """The fields (section.field: saved → resolved) in which two config texts ask for different runs, as
+    """The fields in which two config texts ask for different runs ("section.field: <saved> there, <resolved> now"), as
     `same_config` compares them; None when the saved text no longer reads as a config."""
     try:
         old, new = (what_runs(build_config(yaml.safe_load(text) or {})) for text in (saved, resolved))
