@@ -287,7 +287,6 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     import torch
 
     from distilkit.data.dataset import TokenizedDataset
-    from distilkit.data.readers import Example
     from distilkit.evaluate.evaluator import predict_logits
     from distilkit.export import inference_model
     from distilkit.models.student import load_tokenizer, read_metadata
@@ -297,7 +296,7 @@ def predict(model: Annotated[Path, typer.Argument(help="a saved student folder (
     try:
         meta = read_metadata(model)
         lines = list(texts or [])
-        examples = [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        examples = [_text_input(line) for line in lines]
         if file:
             from_file = _file_inputs(file, meta, model)
             lines += [" ||| ".join(e.texts) for e in from_file]
@@ -354,11 +353,18 @@ def _config_labels(model: Path) -> list[str] | None:
     return [str(config.id2label[i]) for i in range(config.num_labels)] if config.num_labels > 1 else None
 
 
+def _text_input(line: str):
+    """One input typed or read as a line: a text, or a pair as 'first ||| second'."""
+    from distilkit.data.readers import Example
+
+    return Example(tuple(part.strip() for part in line.split("|||")), None)
+
+
 def _file_inputs(file: Path, meta: dict, model: Path) -> list:
     """predict --file's inputs: a table by the model's task's text columns (as training read it, so a csv's header
     and label column are not inputs), else one per line ('first ||| second' for a pair)."""
     from distilkit.config import task_config
-    from distilkit.data.readers import FILE_BUILDERS, Example, read_task_file
+    from distilkit.data.readers import FILE_BUILDERS, read_task_file
     from distilkit.data.tasks import task_spec
     from distilkit.models.student import recorded_task
 
@@ -366,7 +372,7 @@ def _file_inputs(file: Path, meta: dict, model: Path) -> list:
         raise FileNotFoundError(f"--file {file} does not exist")
     if file.suffix.lower() not in (".csv", ".tsv", ".jsonl", *FILE_BUILDERS):
         lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return [Example(tuple(part.strip() for part in line.split("|||")), None) for line in lines]
+        return [_text_input(line) for line in lines]
     recorded = recorded_task(meta)
     if recorded is None or "doc_stride" in meta:
         why = "a question-answering model reads 'question ||| context' lines" if recorded else \

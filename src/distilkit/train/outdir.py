@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from distilkit.config import config_differences, same_config
+from distilkit.config import config_differences
 from distilkit.machine import atomic_write_text, machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
@@ -74,10 +74,12 @@ class OutputDir:
         finished = (out / "metrics.json").is_file()
         if not finished and never_trained(out):
             return  # a start that failed after writing its config (a teacher pass refused it): nothing to keep
-        if finished or not same_config((out / CONFIG_FILE).read_text(), self.resolved_config):
+        saved = (out / CONFIG_FILE).read_text()
+        # same_config's comparison, made once: the fields that differ are what the refusal names
+        differences = [] if finished or saved == self.resolved_config else config_differences(saved,
+                                                                                            self.resolved_config)
+        if finished or differences != []:
             if not self.overwrite:
-                differences = None if finished else config_differences((out / CONFIG_FILE).read_text(),
-                                                                         self.resolved_config)
                 shown = "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else "") if differences else ""
                 what = "a finished run" if finished else \
                     f"an unfinished run with a different config{f' ({shown})' if shown else ''}"
