@@ -43,6 +43,10 @@ def test_agreement_counts_unchanged_predictions_and_bounds_the_pearson_change():
     # neither a shift nor a scaling of every prediction changes a correlation: agreement 1
     assert int8_agreement(f, f + 0.5) == pytest.approx(1.0)
     assert int8_agreement(f, 0.85 * f) == pytest.approx(1.0)
+    # unchanged float32 outputs agree exactly: arccos of their float32 cosine (0.99999990) made these 99.956 %, and
+    # `export --int8` with min_agreement 1 then found fp32's own outputs short of it
+    same = np.array([[0.12573022], [-0.13210486], [0.64042264]], dtype=np.float32)
+    assert int8_agreement(same, same.copy()) == 1.0
 
 
 @pytest.fixture(scope="module")
