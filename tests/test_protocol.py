@@ -2,7 +2,9 @@
 protocol table, and the protocol plans themselves."""
 
 import json
+import platform
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -348,6 +350,11 @@ def test_an_intel_cpu_with_amx_and_one_without_are_two_kinds_of_machine():
     from distilkit.machine import environment
 
     assert isinstance(environment()["amx"], bool)  # every new record says
+    # a virtual machine calls every EPYC "AMD EPYC": the family and model say which, for timings, and part no pair
+    assert cpu(env("AMD EPYC", cpu_family_model="family 25, model 17")) == \
+        cpu(env("AMD EPYC", cpu_family_model="family 26, model 2"))
+    if platform.machine() == "x86_64" and sys.platform == "linux":
+        assert re.fullmatch(r"family \d+, model \d+", environment()["cpu_family_model"])
 
 
 def test_a_misspelt_method_or_task_in_a_protocol_table_is_refused_when_the_plan_loads(monkeypatch):

@@ -64,6 +64,11 @@ def test_saved_students_carry_a_card_whose_scores_equal_metrics_json(kd_run, tin
     card = ModelCard.load(out / "final" / "README.md")
     assert f"{metrics['teacher_scores']['dev']['accuracy']:.4f}" in card.text
     assert f"{metrics['params']['total']:,}" in card.text
+    from distilkit.machine import environment
+
+    env = environment()  # the throughput's machine, by generation where the CPU's name hides it ("AMD EPYC")
+    family = f" ({env['cpu_family_model']})" if env["cpu_family_model"] else ""
+    assert f"- machine: {env['cpu']}{family}\n" in card.text
 
 
 def test_a_squad_students_card_names_the_squad_dataset_unless_it_trained_on_its_own_files():

@@ -122,7 +122,8 @@ def machine_kind(environment: dict) -> str | None:
     the instruction set torch used (an AVX2 and an AVX512 EPYC share a name), and the torch and transformers versions.
     An Intel Xeon with AMX and one without share a name and torch's capability (AVX512) but not their bf16 kernels
     (the STS-B teacher: Pearson 0.84677 with AMX, 0.84867 without), so an Intel CPU says which it is; environments
-    written before `amx` was recorded (2026-11-29) say neither, and pair with neither. AMD has no AMX."""
+    written before `amx` was recorded (2026-11-29) say neither, and pair with neither. AMD has no AMX. The family and
+    model (`cpu_family_model`) are not part of it: EPYCs of families 25 and 26 trained the same scores."""
     if not environment.get("cpu"):
         return None
     amx = None if "amx" not in environment or "AMD" in environment["cpu"] else \
@@ -132,18 +133,36 @@ def machine_kind(environment: dict) -> str | None:
 
 
 def _cpu_name() -> str:
+    return _cpuinfo().get("model name") or platform.processor()
+
+
+def _cpu_family_model() -> str | None:
+    """x86's family and model: a virtual machine names its CPU "AMD EPYC" whatever its generation, and an EPYC of
+    family 25 and one of family 26 train at speeds 2x apart (their scores matched: the same QNLI teacher to the
+    last dev example), so a timing says which it came from."""
+    info = _cpuinfo()
+    return f"family {info['cpu family']}, model {info['model']}" if "cpu family" in info and "model" in info else None
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (none off Linux)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor()
+    return fields
 
 
 def environment() -> dict:
     """Written beside every run's results, so a number can be traced to the machine and versions behind it."""
-    return {"cpu": _cpu_name(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": _cpu_name(), "cpu_family_model": _cpu_family_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "native_bf16": cpu_has_native_bf16(), "amx": torch.cpu._is_amx_tile_supported(),
             "bf16_matmul_speedup": cpu_bf16_matmul_speedup(),
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),

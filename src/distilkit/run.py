@@ -423,10 +423,14 @@ def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
         return False
 
 
+def _machine_line(env: dict) -> str:
+    return env["cpu"] + (f" ({env['cpu_family_model']})" if env.get("cpu_family_model") else "")
+
+
 def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
     """Model cards for the run's best/ and final/ students; pushes best/ when output.push_to_hub names a repo."""
     common = {"metrics": metrics, "config_text": dump_config(config), "command": command_line(),
-              "machine": environment()["cpu"]}
+              "machine": _machine_line(environment())}
     if (out / "best").is_dir():
         write_card(out / "best", metrics["best_scores"], **common)
     write_card(out / "final", metrics["final"], **common)
