@@ -159,6 +159,31 @@ def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model
     assert again["teacher"]["environment"] == {"cpu": "another CPU"}
 
 
+def test_a_teacher_retrained_here_to_its_records_scores_keeps_the_record(tmp_path, tiny_base_model, glue_dir,
+                                                                        launched, capsys):
+    """A new disk retrains the teacher a student needs: where it scores as its record says, the record (and the
+    timings of the run it describes) stays; where it scores otherwise, the students learn from this one, so its
+    record is written."""
+    common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},
+              "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"}}
+    plan = {"name": "t", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"), "defaults": common,
+            "cells": [{"name": "teacher", "set": {"student": {"init": "pretrained", "pretrained": str(tiny_base_model)},
+                                                  "method": {"name": "finetune"}}},
+                      {"name": "kd", "set": {"teacher_from": "teacher", "method": {"name": "kd"},
+                                             "student": {"layers": 1}}}]}
+    records = Plans(load_plan(write(tmp_path, plan))).run(["teacher"])
+    teacher_record = tmp_path / "results" / "records" / "teacher.json"
+    slower = {**records["teacher"], "train_seconds": 1234.5}  # the same run's scores, another disk's timings
+    teacher_record.write_text(json.dumps(slower, indent=2))
+    Plans(load_plan(write(tmp_path, plan))).run(["kd"])
+    assert json.loads(teacher_record.read_text()) == slower
+    assert "[plan] teacher: retrained to its record's scores; the record" in capsys.readouterr().err
+    other_scores = {**slower, "final": {"dev": {"accuracy": 0.123}}}
+    teacher_record.write_text(json.dumps(other_scores, indent=2))
+    Plans(load_plan(write(tmp_path, plan))).run(["kd"])
+    assert json.loads(teacher_record.read_text())["final"] == records["teacher"]["final"]
+
+
 def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                                launched):
     script = tmp_path / "measure.py"

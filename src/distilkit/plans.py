@@ -596,12 +596,17 @@ class Plans:
             return
         from distilkit.evaluate.report import cpu  # the kind of machine
 
-        # kept only when the rerun was on another kind of machine: a same-machine rerun is the run the record describes
-        if dependency and old is not None and same_run((kept := json.loads(old))["config"], cell.config) \
-                and cpu(kept) != cpu(record):
-            print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
-                  f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
-            return
+        # kept when the rerun was on another kind of machine, or came to the record's scores (a new disk): a rerun
+        # here that scored otherwise is what the students beside it learned from
+        if dependency and old is not None and same_run((kept := json.loads(old))["config"], cell.config):
+            if cpu(kept) != cpu(record):
+                print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
+                      f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
+                return
+            if all(kept.get(key) == record.get(key) for key in ("best_scores", "final")):
+                print(f"[plan] {cell.name}: retrained to its record's scores; the record (with its own run's "
+                      "timings) is kept", file=sys.stderr)
+                return
         atomic_write_text(path, text)
 
     def speed_record(self, cell: Cell, path: Path) -> None:
