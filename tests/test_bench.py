@@ -226,6 +226,13 @@ def test_report_says_which_runs_came_from_another_machine_or_dtype(tmp_path):
     assert "- Other CPU (AVX2, native bf16: no), 2 cores; torch 2.x, transformers 5.x. Training dtype: fp32. " \
            "Runs: sst2-pkd-S3-384." in report
     assert "Training dtype: bf16 autocast. Runs: sst2-kd-S3-384, sst2-finetune-S3-384." in report
+    # one name, two generations (a virtual machine calls every EPYC "AMD EPYC"): their timings are told apart
+    newer = fixture_record("kd", "S3-384", 0.85, 0.845, 3.0)
+    newer["cell"] += "-seed1"
+    newer["environment"] |= {"cpu_family_model": "family 26, model 2"}
+    report = render_report(same + [newer], tmp_path).read_text()
+    assert "- Test CPU (family 26, model 2), 2 cores; torch 2.x, transformers 5.x. Training dtype: bf16 autocast. " \
+           "Runs: sst2-kd-S3-384-seed1." in report
 
 
 # plans with deployment measurements -------------------------------------------------------------

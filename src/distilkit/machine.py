@@ -132,6 +132,11 @@ def machine_kind(environment: dict) -> str | None:
                                       environment.get("torch"), environment.get("transformers")) if v)
 
 
+def cpu_label(env: dict) -> str:
+    """The CPU an `environment()` names, with its family and model where recorded (every EPYC is "AMD EPYC")."""
+    return env["cpu"] + (f" ({env['cpu_family_model']})" if env.get("cpu_family_model") else "")
+
+
 def _cpu_name() -> str:
     return _cpuinfo().get("model name") or platform.processor()
 

@@ -57,7 +57,7 @@ from distilkit.evaluate.against_teacher import (
     teacher_scores,
 )
 from distilkit.evaluate.profile import count_parameters
-from distilkit.machine import atomic_write_text, cache_root, environment, peak_rss_mb
+from distilkit.machine import atomic_write_text, cache_root, cpu_label, environment, peak_rss_mb
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
@@ -423,14 +423,10 @@ def public_dev_split(config: ExperimentConfig, task: TaskSpec) -> bool:
         return False
 
 
-def _machine_line(env: dict) -> str:
-    return env["cpu"] + (f" ({env['cpu_family_model']})" if env.get("cpu_family_model") else "")
-
-
 def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
     """Model cards for the run's best/ and final/ students; pushes best/ when output.push_to_hub names a repo."""
     common = {"metrics": metrics, "config_text": dump_config(config), "command": command_line(),
-              "machine": _machine_line(environment())}
+              "machine": cpu_label(environment())}
     if (out / "best").is_dir():
         write_card(out / "best", metrics["best_scores"], **common)
     write_card(out / "final", metrics["final"], **common)

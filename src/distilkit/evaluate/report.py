@@ -12,7 +12,7 @@ from pathlib import Path
 
 from distilkit.data.tasks import is_count
 from distilkit.evaluate.speed import oversubscribed
-from distilkit.machine import machine_kind
+from distilkit.machine import cpu_label, machine_kind
 
 FORMAT_NAMES = {"pytorch_fp32": "PyTorch fp32", "pytorch_bf16": "PyTorch bf16", "onnx_fp32": "ONNX fp32",
                 "onnx_int8": "ONNX int8"}
@@ -190,7 +190,7 @@ def provenance(records: list[dict]) -> list[str]:
         vector = f" ({env['cpu_capability']}, native bf16: {'yes' if env['native_bf16'] else 'no'})" \
             if "cpu_capability" in env else ""
         dtype = {"bf16": "bf16 autocast", "fp16": "fp16 autocast", "no": "fp32"}[record["config"]["train"]["mixed_precision"]]
-        return (f"{env['cpu']}{vector}, {env['cores']} cores; torch {env['torch']}, transformers "
+        return (f"{cpu_label(env)}{vector}, {env['cores']} cores; torch {env['torch']}, transformers "
                 f"{env['transformers']}. Training dtype: {dtype}.")
 
     groups: dict[str, list[str]] = {}
@@ -293,7 +293,7 @@ def machine(records: list[dict]) -> str:
         env = record.get("environment")
         if env:
             vector = f" ({env['cpu_capability']})" if "cpu_capability" in env else ""
-            line = f"{env['cpu']}{vector}, {env['cores']} cores; torch {env['torch']}, transformers {env['transformers']}"
+            line = f"{cpu_label(env)}{vector}, {env['cores']} cores; torch {env['torch']}, transformers {env['transformers']}"
             if line not in seen:
                 seen.append(line)
     if len(seen) > 1:
