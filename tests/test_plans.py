@@ -121,14 +121,19 @@ def test_a_transfer_set_run_scored_at_its_epoch_ends_only_is_not_todays():
     assert scored_as_today(scored_every_10, older)
 
 
-def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):
+def teacher_and_student_plan(tmp_path, base_model, glue_dir) -> dict:
+    """A teacher cell and a kd student learning from it, 2 steps each."""
     common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},
               "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"}}
-    plan = {"name": "t", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"), "defaults": common,
-            "cells": [{"name": "teacher", "set": {"student": {"init": "pretrained", "pretrained": str(tiny_base_model)},
+    return {"name": "t", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"), "defaults": common,
+            "cells": [{"name": "teacher", "set": {"student": {"init": "pretrained", "pretrained": str(base_model)},
                                                   "method": {"name": "finetune"}}},
                       {"name": "kd", "set": {"teacher_from": "teacher", "method": {"name": "kd"},
                                              "student": {"layers": 1}}}]}
+
+
+def test_a_record_carries_its_teacher_cells_dev_scores(tmp_path, tiny_base_model, glue_dir, launched):
+    plan = teacher_and_student_plan(tmp_path, tiny_base_model, glue_dir)
     records = Plans(load_plan(write(tmp_path, plan))).run()
     assert records["kd"]["teacher_cell"] == "teacher"
     assert records["kd"]["teacher_best_dev"] == records["teacher"]["best_dev"] and "accuracy" in records["kd"]["teacher_best_dev"]
@@ -164,13 +169,7 @@ def test_a_teacher_retrained_here_to_its_records_scores_keeps_the_record(tmp_pat
     """A new disk retrains the teacher a student needs: where it scores as its record says, the record (and the
     timings of the run it describes) stays; where it scores otherwise, the students learn from this one, so its
     record is written."""
-    common = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_train_examples": 32, "max_length": 32},
-              "train": {"max_steps": 2, "batch_size": 8, "mixed_precision": "no"}}
-    plan = {"name": "t", "output": str(tmp_path / "plan"), "results": str(tmp_path / "results"), "defaults": common,
-            "cells": [{"name": "teacher", "set": {"student": {"init": "pretrained", "pretrained": str(tiny_base_model)},
-                                                  "method": {"name": "finetune"}}},
-                      {"name": "kd", "set": {"teacher_from": "teacher", "method": {"name": "kd"},
-                                             "student": {"layers": 1}}}]}
+    plan = teacher_and_student_plan(tmp_path, tiny_base_model, glue_dir)
     records = Plans(load_plan(write(tmp_path, plan))).run(["teacher"])
     teacher_record = tmp_path / "results" / "records" / "teacher.json"
     slower = {**records["teacher"], "train_seconds": 1234.5}  # the same run's scores, another disk's timings
