@@ -603,7 +603,7 @@ class Plans:
                 print(f"[plan] {cell.name}: its record ({kept['environment'].get('cpu')}) is kept; this run's "
                       f"({record['environment'].get('cpu')}) is {cell.dir / 'metrics.json'}", file=sys.stderr)
                 return
-            if all(kept.get(key) == record.get(key) for key in ("best_scores", "final")):
+            if all(kept.get(key) == record.get(key) for key in ("best", "best_scores", "final")):
                 print(f"[plan] {cell.name}: retrained to its record's scores; the record (with its own run's "
                       "timings) is kept", file=sys.stderr)
                 return
