@@ -250,12 +250,17 @@ def int8_agreement(fp32: np.ndarray, int8: np.ndarray) -> float:
     disagreement.
     """
     if fp32.ndim == 2 and fp32.shape[1] == 1:
-        f, q = (x[:, 0].astype(np.float64) - x[:, 0].astype(np.float64).mean() for x in (fp32, int8))
-        f, q = f / max(np.linalg.norm(f), 1e-12), q / max(np.linalg.norm(q), 1e-12)
+        f, q = _centred_unit(fp32[:, 0]), _centred_unit(int8[:, 0])
         # the angle as 2·atan2(|f − q|, |f + q|), not arccos of the cosine: arccos turns float32 rounding of a
         # cosine of 1 into an angle of 4e-4 (identical outputs agreed 99.96 % on an AMD EPYC), this is exact there
         return 1.0 - 2 * float(np.arctan2(np.linalg.norm(f - q), np.linalg.norm(f + q)))
     return float((fp32.argmax(-1) == int8.argmax(-1)).mean())
+
+
+def _centred_unit(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    centred = x - x.mean()
+    return centred / max(np.linalg.norm(centred), 1e-12)
 
 
 def layer_groups(onnx_path: Path) -> dict[str, list[str]]:

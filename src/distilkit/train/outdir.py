@@ -78,7 +78,7 @@ class OutputDir:
         # same_config's comparison, made once: the fields that differ are what the refusal names
         differences = [] if finished or saved == self.resolved_config else config_differences(saved,
                                                                                             self.resolved_config)
-        if finished or differences != []:
+        if finished or differences != []:  # None (the saved text reads as no config) differs too
             if not self.overwrite:
                 shown = "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else "") if differences else ""
                 what = "a finished run" if finished else \
