@@ -96,25 +96,63 @@ def test_export_keeps_the_card(kd_run, tmp_path):
     assert (tmp_path / "deploy" / "README.md").read_text() == (out / "best" / "README.md").read_text()
 
 
+class FakeApi:
+    """The Hub's client as `push` uses it: what was created and uploaded, file contents included."""
+
+    calls: list = []
+
+    def create_repo(self, repo_id, private=False, exist_ok=False):
+        self.calls.append(("create", repo_id, private, exist_ok))
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_commit(self, repo_id, operations, commit_message=None):
+        uploaded = {}
+        for operation in operations:
+            with operation.as_file() as file:
+                uploaded[operation.path_in_repo] = file.read()
+        self.calls.append(("upload", repo_id, uploaded))
+
+
 def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
     out, _ = kd_run
-    calls = []
-
-    class FakeApi:
-        def create_repo(self, repo_id, private=False, exist_ok=False):
-            calls.append(("create", repo_id, private, exist_ok))
-            return f"https://huggingface.co/{repo_id}"
-
-        def upload_folder(self, repo_id, folder_path, commit_message=None):
-            calls.append(("upload", repo_id, sorted(p.name for p in folder_path.iterdir())))
-
+    monkeypatch.setattr(FakeApi, "calls", [])
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
     result = cli("push", str(out / "best"), "me/tiny-kd", "--private")
     assert result.returncode == 0, result.stderr
-    assert calls[0] == ("create", "me/tiny-kd", True, True)
-    assert calls[1][0] == "upload" and {"README.md", "config.json", "model.safetensors"} <= set(calls[1][2])
+    create, (upload, repo, uploaded) = FakeApi.calls
+    assert create == ("create", "me/tiny-kd", True, True) and (upload, repo) == ("upload", "me/tiny-kd")
+    assert set(uploaded) == {p.name for p in (out / "best").iterdir()}
+    assert uploaded["model.safetensors"] == (out / "best" / "model.safetensors").read_bytes()
+    assert uploaded["README.md"] == (out / "best" / "README.md").read_bytes()
     result = cli("push", str(out), "me/tiny-kd")  # the run folder, not a student
     assert result.returncode == 2 and "not a saved student" in result.stderr
+
+
+def test_the_hub_gets_a_custom_task_s_files_by_name_while_the_folder_keeps_where_they_are(tmp_path, tiny_teacher,
+                                                                                       monkeypatch):
+    """distilkit.json records a custom task's files as absolute paths, for `evaluate` and `export --int8` to re-read
+    them from any directory; a pushed copy names the files alone, not the folders of the machine that made it."""
+    data = tmp_path / "alice" / "private-data"
+    data.mkdir(parents=True)
+    rows = "".join(f"{word} film,{label}\n" for word, label in [("great", "pos"), ("awful", "neg")] * 16)
+    for split in ("train", "dev"):
+        (data / f"{split}.csv").write_text("text,label\n" + rows)
+    config = {"task": {"name": "custom", "text_columns": ["text"], "labels": ["neg", "pos"],
+                       "train_file": str(data / "train.csv"), "dev_file": str(data / "dev.csv")},
+              "data": {"max_length": 16}, "teacher": {"model": str(tiny_teacher)}, "student": {"layers": 1},
+              "method": {"name": "kd"}, "train": {"max_steps": 2, "batch_size": 16, "mixed_precision": "no"},
+              "output": {"dir": str(tmp_path / "run")}}
+    run_experiment(build_config(config))
+    monkeypatch.setattr(FakeApi, "calls", [])
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    result = cli("push", str(tmp_path / "run" / "best"), "me/tiny-custom")
+    assert result.returncode == 0, result.stderr
+    pushed = json.loads(FakeApi.calls[1][2]["distilkit.json"])
+    kept = json.loads((tmp_path / "run" / "best" / "distilkit.json").read_text())
+    assert kept["task_config"]["train_file"] == str((data / "train.csv").resolve())
+    assert (pushed["task_config"]["train_file"], pushed["task_config"]["dev_file"]) == ("train.csv", "dev.csv")
+    assert {**pushed, "task_config": None} == {**kept, "task_config": None}
+    assert "private-data" not in FakeApi.calls[1][2]["distilkit.json"].decode()
 
 
 def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp_path, monkeypatch):

@@ -174,6 +174,32 @@ class PushFailed(RuntimeError):
     """The hub refused or could not be reached; nothing local is lost."""
 
 
+def shareable_metadata(metadata: dict) -> dict:
+    """distilkit.json as the Hub gets it: a custom task's data files by their names alone. The local copy keeps the
+    absolute paths `distilkit evaluate` and `export --int8` re-read the data from; on the Hub they would only say
+    where the files sat on the machine that made the student."""
+    recorded = metadata.get("task_config")
+    if not recorded:
+        return metadata
+    files = {key: Path(recorded[key]).name for key in ("train_file", "dev_file", "test_file") if recorded.get(key)}
+    return {**metadata, "task_config": {**recorded, **files}}
+
+
+def _upload_operations(folder: Path) -> list:
+    """Every file of a student folder, distilkit.json as `shareable_metadata` makes it."""
+    from huggingface_hub import CommitOperationAdd
+
+    from distilkit.models.student import METADATA_FILE
+
+    operations = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        content = (json.dumps(shareable_metadata(json.loads(path.read_text())), indent=2).encode()
+                   if name == METADATA_FILE else str(path))
+        operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
+    return operations
+
+
 def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
     """Uploads a student folder (weights, tokenizer, card) to a Hub model repo; needs `hf auth login`."""
     from huggingface_hub import HfApi
@@ -186,7 +212,8 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
     api = HfApi()
     try:
         url = api.create_repo(repo_id, private=private, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message="Upload a student distilled with distilkit")
+        api.create_commit(repo_id=repo_id, operations=_upload_operations(folder),
+                          commit_message="Upload a student distilled with distilkit")
     except Exception as err:  # offline, not logged in, no write access, a bad repo id: the hub's own words, one line
         reason = (str(err).strip().splitlines() or [""])[0]
         raise PushFailed(f"could not push {folder} to the hub repo {repo_id} ({type(err).__name__}: {reason}); the "
