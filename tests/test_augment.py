@@ -133,7 +133,7 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
     {"name": "lrc"},  # its second stage's hard term (γ); it trained to 80 % of the run and died of a KeyError once
     {"name": "pkd"},  # 1 − α on the labels
     {"name": "text_smoothing", "kd_weight": 1.0},
-    {"name": "codir", "negatives": 4},  # L_CE is part of CoDIR-Fine's eq. (1)
+    {"name": "codir", "negatives": 4, "ce_weight": 1.0},  # eq. (1)'s L_CE (off by default on a teacher-labelled set)
     {"name": "finetune"},  # no teacher to label the new examples: refused
 ])
 def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labelled_set(tmp_path, glue_dir,

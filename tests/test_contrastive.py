@@ -85,12 +85,12 @@ def test_info_nce_with_temperature_by_hand():
 
 
 def _ctx(task="sst2", student_layers=2, teacher_layers=4, width=4, teacher_width=4, train_labels=None,
-         accelerator=None):
+         accelerator=None, labelled=True):
     student = SimpleNamespace(num_layers=student_layers, width=width, num_heads=2)
     teacher = SimpleNamespace(num_layers=teacher_layers, width=teacher_width, config=SimpleNamespace())
     return MethodContext(task=glue_task(task), student=student, teacher=teacher,
                          train_size=len(train_labels) if train_labels is not None else 8,
-                         train_labels=train_labels, accelerator=accelerator)
+                         train_labels=train_labels, accelerator=accelerator, labelled=labelled)
 
 
 def _method(params: dict, **ctx):
@@ -380,6 +380,53 @@ def test_codir_negatives_default_to_other_labels_on_classes_and_to_the_batch_els
     resolved = codir.params  # what metrics.json's resolved_defaults reports
     assert (resolved.negative_sampling, resolved.bank_size) == ("other_label", codir.ctx.train_size)
     assert resolved.teacher_layers == list(range(1, codir.ctx.teacher.num_layers + 1))
+
+
+def test_codir_label_term_is_on_where_every_example_has_a_gold_label_and_off_on_a_teacher_labelled_set():
+    """Eq. (1)'s L_CE at weight 1 on labelled data; on a transfer set (the new pairs have no gold label) the teacher's
+    targets alone, as kd's default: the label term on a fifth of the examples stalled MNLI (methods/codir.py)."""
+    student, teacher = _codir_features()
+    batch = {"labels": torch.tensor([0, 1, 0]), "example_ids": torch.tensor([0, 1, 2])}
+    labelled = _codir(crd_weight=0.0)
+    assert labelled.params.ce_weight == 1.0 and labelled.uses_labels()
+    terms = labelled.loss_terms(batch, student, teacher, Progress(0, 10))
+    assert set(terms) == {"ce", "kd"}
+    assert terms["kd"].item() == pytest.approx(0.7 * losses.kl_divergence(student.logits, teacher.logits, 2.0).item())
+    transfer = _method({"name": "codir", "negatives": 2, "dim": 3, "crd_weight": 0.0}, width=4, teacher_width=4,
+                       labelled=False)
+    assert transfer.params.ce_weight == 0.0 and not transfer.uses_labels()
+    assert set(transfer.loss_terms(batch, student, teacher, Progress(0, 10))) == {"kd"}
+    chosen = _method({"name": "codir", "negatives": 2, "dim": 3, "crd_weight": 0.0, "ce_weight": 0.5}, width=4,
+                     teacher_width=4, labelled=False)
+    assert chosen.loss_terms(batch, student, teacher, Progress(0, 10))["ce"].item() == pytest.approx(
+        0.5 * losses.hard_cross_entropy(student.logits, batch["labels"]).item())
+
+
+def test_codir_contrastive_term_fits_the_heads_alone_in_its_first_steps():
+    """heads_first: while φ is random its InfoNCE gradient is noise to the student (it stalled MNLI); the loss value
+    is eq. (4)'s either way, only where its gradient goes changes."""
+    method = _codir(kd_weight=0.0, crd_weight=1.0, negative_sampling="batch")
+    assert method.params.heads_first == 0.1  # resolved: recorded in resolved_defaults
+    batch = {"labels": torch.tensor([0, 1, 0]), "example_ids": torch.tensor([0, 1, 2])}
+
+    def gradients(step):
+        student, teacher = _codir_features()
+        for hidden in student.hidden.values():
+            hidden.requires_grad_(True)
+        method.zero_grad()
+        torch.manual_seed(3)
+        method.loss_terms(batch, student, teacher, Progress(step, 20))["crd"].backward()
+        return student.hidden[1].grad, method.student_head.weight.grad
+
+    early_student, early_head = gradients(1)  # step 1 of 20: within the first tenth
+    late_student, late_head = gradients(2)
+    assert early_student is None and early_head.abs().sum() > 0
+    assert late_student is not None and late_student.abs().sum() > 0 and late_head.abs().sum() > 0
+    joint = _codir(kd_weight=0.0, crd_weight=1.0, negative_sampling="batch", heads_first=0.0)
+    student, teacher = _codir_features()
+    student.hidden[1].requires_grad_(True)
+    joint.loss_terms(batch, student, teacher, Progress(0, 20))["crd"].backward()
+    assert student.hidden[1].grad.abs().sum() > 0  # the paper's joint training from step 0
 
 
 def test_codir_mean_pooling_averages_real_tokens_and_cls_takes_the_first():

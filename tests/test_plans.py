@@ -9,7 +9,7 @@ import yaml
 from conftest import cli
 from distilkit.config import ConfigError, build_config
 from distilkit.demo import run_demo
-from distilkit.plans import Plans, load_plan, scored_as_today
+from distilkit.plans import Plans, load_plan, rule_defaults_recorded, scored_as_today
 from distilkit.run import RunError
 from test_corpus import write_corpus
 
@@ -101,6 +101,19 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
                                         "gold_labelled_examples": metrics["train_examples_in_set"]}))
     Plans(load_plan(write(tmp_path, plan))).run()
     assert launched == ["task-kd"]
+
+
+def test_a_run_from_before_a_rule_default_existed_is_not_todays():
+    """codir's ce_weight (2026-12-03): its null is a rule, where runs before the field trained with L_CE at 1; a
+    finished run that left it null and did not record resolving it is redone, one that set it is kept."""
+    def config(**method):
+        return build_config({"task": {"name": "mrpc"}, "teacher": {"model": "t"}, "method": {"name": "codir", **method}})
+    assert not rule_defaults_recorded(config(), {"resolved_defaults": {"negative_sampling": "batch"}})
+    assert not rule_defaults_recorded(config(), {})
+    assert rule_defaults_recorded(config(), {"resolved_defaults": {"ce_weight": 0.0}})
+    assert rule_defaults_recorded(config(ce_weight=1.0), {"resolved_defaults": {}})
+    assert rule_defaults_recorded(build_config({"task": {"name": "mrpc"}, "teacher": {"model": "t"},
+                                                "method": {"name": "kd"}}), {})  # kd declares no such field
 
 
 def test_a_transfer_set_run_scored_at_its_epoch_ends_only_is_not_todays():

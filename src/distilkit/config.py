@@ -48,6 +48,10 @@ class MethodParams(StrictModel):
     # layer to a teacher layer, whose map reads the same layers (README, Choosing a method: benchmarks/results/layer-cut
     # and demo-study2)
     student_cut: ClassVar[Literal["uniform", "first"]] = "first"
+    # fields added after runs were recorded, whose null a rule resolves unlike the runs before them did: a finished
+    # run's metrics.json names each in resolved_defaults, and one that does not ran before the rule (config.same_config
+    # reads a missing field as its default), so a plan redoes it
+    rule_defaults_since_added: ClassVar[tuple[str, ...]] = ()
 
 
 _METHOD_PARAMS: dict[str, type[MethodParams]] = {}

@@ -373,7 +373,8 @@ class Plans:
         if not saved.is_file() or not same_config(saved.read_text(), dump_config(cell.config)):
             return False
         done = json.loads(metrics.read_text())
-        if not (pairs_rule_chooses_as_then(cell.config, done) and scored_as_today(cell.config, done)):
+        if not (pairs_rule_chooses_as_then(cell.config, done) and scored_as_today(cell.config, done)
+                and rule_defaults_recorded(cell.config, done)):
             return False
         done_at = metrics.stat().st_mtime
         if any(weights_mtime(model) > done_at for model in local_models(cell.config)):
@@ -743,6 +744,14 @@ def pairs_rule_chooses_as_then(config: ExperimentConfig, metrics: dict) -> bool:
     teacher_has_head = bool(metrics.get("teacher_scores"))  # scored on the task: it had the task's head
     today = augment_for(config, task_spec(config.task), given, teacher_has_head)
     return (today and (today.scheme, today.copies)) == (chosen and (chosen["scheme"], chosen["copies"]))
+
+
+def rule_defaults_recorded(config: ExperimentConfig, metrics: dict) -> bool:
+    """A method field added with a rule for its null (MethodParams.rule_defaults_since_added) that a finished run left
+    null but did not record resolving ran before the rule existed, with the behaviour from before."""
+    resolved = metrics.get("resolved_defaults", {})
+    return all(getattr(config.method, field) is not None or field in resolved
+               for field in type(config.method).rule_defaults_since_added)
 
 
 def scored_as_today(config: ExperimentConfig, metrics: dict) -> bool:
