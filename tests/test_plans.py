@@ -104,14 +104,17 @@ def test_a_finished_plan_reruns_nothing_and_a_changed_cell_reruns_alone(tmp_path
 
 
 def test_a_run_from_before_a_rule_default_existed_is_not_todays():
-    """codir's ce_weight (2026-12-03): its null is a rule, where runs before the field trained with L_CE at 1; a
-    finished run that left it null and did not record resolving it is redone, one that set it is kept."""
+    """codir's ce_weight and heads_first (2026-12-03): their nulls are rules, where runs before the fields trained with
+    L_CE at 1 and L_CRD into the student from step 0; a finished run that left them null and did not record resolving
+    them is redone, one that set them is kept."""
     def config(**method):
         return build_config({"task": {"name": "mrpc"}, "teacher": {"model": "t"}, "method": {"name": "codir", **method}})
     assert not rule_defaults_recorded(config(), {"resolved_defaults": {"negative_sampling": "batch"}})
     assert not rule_defaults_recorded(config(), {})
-    assert rule_defaults_recorded(config(), {"resolved_defaults": {"ce_weight": 0.0}})
-    assert rule_defaults_recorded(config(ce_weight=1.0), {"resolved_defaults": {}})
+    assert not rule_defaults_recorded(config(), {"resolved_defaults": {"ce_weight": 0.0}})
+    assert rule_defaults_recorded(config(), {"resolved_defaults": {"ce_weight": 0.0, "heads_first": 0.1}})
+    assert rule_defaults_recorded(config(ce_weight=1.0, heads_first=0.0), {"resolved_defaults": {}})
+    assert not rule_defaults_recorded(config(ce_weight=1.0), {"resolved_defaults": {}})
     assert rule_defaults_recorded(build_config({"task": {"name": "mrpc"}, "teacher": {"model": "t"},
                                                 "method": {"name": "kd"}}), {})  # kd declares no such field
 
