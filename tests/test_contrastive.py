@@ -181,6 +181,24 @@ def test_cos_nce_in_batch_is_cos_nce_with_every_other_row_as_negatives():
         losses.cos_nce_in_batch(_rows([1, 0]), _rows([1, 0]))
 
 
+def test_contrastive_cosines_stay_fp32_under_bf16_autocast():
+    # the training loop runs losses under bf16 autocast; a bf16 product of near-parallel vectors misses their small
+    # angular distances by ~1e-3. The in-batch shape is LRC's 32 sequences of 128 tokens x 384, which torch 2.13's
+    # AMX bf16 kernel stops with SIGFPE
+    torch.manual_seed(0)
+    teachers = torch.randn(32, 128 * 384)
+    student = teachers + 1e-3 * torch.randn_like(teachers)
+    negatives = torch.stack([teachers[[(i + 1) % 32, (i + 2) % 32]] for i in range(32)])
+    bank, anchor = torch.randn(32, 50, 128), torch.randn(32, 128)
+    exact = [losses.cos_nce_in_batch(student, teachers), losses.cos_nce(student, teachers, negatives),
+             losses.info_nce(anchor, anchor + 1e-3, bank, temperature=0.07)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = [losses.cos_nce_in_batch(student, teachers), losses.cos_nce(student, teachers, negatives),
+                    losses.info_nce(anchor, anchor + 1e-3, bank, temperature=0.07)]
+    for got, want in zip(autocast, exact):
+        assert got.dtype == torch.float32 and got.item() == pytest.approx(want.item(), abs=1e-6)
+
+
 def test_gradient_perturbation_has_norm_epsilon_per_example():
     gradient = torch.tensor([[[3.0, 0.0], [0.0, 4.0]], [[0.0, 0.0], [0.0, 0.5]]])
     delta = gradient_perturbation(gradient, epsilon=2.0)

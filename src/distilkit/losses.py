@@ -96,9 +96,19 @@ def pkd_patient_loss(student_cls: list[torch.Tensor], teacher_cls: list[torch.Te
     return F.mse_loss(student_units, teacher_units)
 
 
+def _in_fp32(tensor: torch.Tensor):
+    """Autocast runs a product in bf16 whatever its inputs' dtype: a loss's cosines are summed in fp32, as its
+    `.float()` means, under any autocast. A bf16 dot product of two (T·d)-long flattened sequences keeps about three
+    digits, and on AMX CPUs torch 2.13's bf16 kernel stops the process with SIGFPE on some shapes, e.g. a
+    (32 × 49,152) · (49,152 × 32) product: LRC's in-batch cosines of 128 tokens × 384 (benchmarks/bf16_sigfpe.py).
+    """
+    return torch.autocast(tensor.device.type, enabled=False)
+
+
 def _cosine_to_each(candidates: torch.Tensor, anchor: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """cos(candidates[b, k], anchor[b]) as (B, K), without materialising a (B, K, D) product."""
-    dots = torch.einsum("bkd,bd->bk", candidates, anchor)
+    with _in_fp32(anchor):
+        dots = torch.einsum("bkd,bd->bk", candidates.float(), anchor.float())
     norms = candidates.norm(dim=-1) * anchor.norm(dim=-1, keepdim=True)
     return dots / norms.clamp_min(eps)
 
@@ -138,7 +148,8 @@ def cos_nce_in_batch(student: torch.Tensor, teachers: torch.Tensor, offset: int 
         raise ValueError("cos_nce_in_batch needs a batch of at least 2 examples: in-batch negatives are the others")
     student, teachers = student.float(), teachers.float()
     norms = student.norm(dim=-1)[:, None] * teachers.norm(dim=-1)[None, :]
-    distance = 1 - (student @ teachers.T) / norms.clamp_min(1e-8)  # g(·, zˢ) for every teacher row, (b, B)
+    with _in_fp32(student):
+        distance = 1 - (student @ teachers.T) / norms.clamp_min(1e-8)  # g(·, zˢ) for every teacher row, (b, B)
     rows, own = torch.arange(b, device=distance.device), torch.arange(offset, offset + b, device=distance.device)
     others = torch.ones_like(distance, dtype=torch.bool)
     others[rows, own] = False
