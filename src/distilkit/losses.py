@@ -108,7 +108,7 @@ def _in_fp32(tensor: torch.Tensor):
 def _cosine_to_each(candidates: torch.Tensor, anchor: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """cos(candidates[b, k], anchor[b]) as (B, K), without materialising a (B, K, D) product."""
     with _in_fp32(anchor):
-        dots = torch.einsum("bkd,bd->bk", candidates.float(), anchor.float())
+        dots = torch.einsum("bkd,bd->bk", candidates, anchor)  # callers pass fp32 (cos_nce, info_nce)
     norms = candidates.norm(dim=-1) * anchor.norm(dim=-1, keepdim=True)
     return dots / norms.clamp_min(eps)
 
