@@ -151,6 +151,8 @@ def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labe
         return
     metrics = run_experiment(build_config(config))
     assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"] and metrics["gold_labelled_examples"] == 20
+    if method["name"] == "text_smoothing":  # a gold example weighs as much as a teacher-labelled one
+        assert metrics["resolved_defaults"]["label_weight"] == round(20 / metrics["train_examples_in_set"], 4) < 0.5
     if method["name"] == "codir":  # label-aware negatives need every example's label: in-batch ones instead
         assert metrics["resolved_defaults"]["negative_sampling"] == "batch"
         config["method"] = {**method, "negative_sampling": "other_label"}

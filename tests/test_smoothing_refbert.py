@@ -202,6 +202,7 @@ def test_cli_text_smoothing_with_kd_and_smooth_samples(tmp_path, glue_dir, tiny_
     assert metrics["method"] == "text_smoothing" and "accuracy" in metrics["final"]["dev"]
     logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert any("loss/label" in r and "loss/kd" in r for r in logged)
+    assert metrics["resolved_defaults"]["label_weight"] == 1.0  # every example has its gold label
 
     result = cli("smooth-samples", "the film was good", "--teacher", str(tiny_base_model), "--samples", "3",
                  "--top-k", "5")
