@@ -263,6 +263,7 @@ def test_the_protocol_plans_hold_every_method_at_its_defaults_on_both_groups(mon
                     assert method.pop("smoothing_teacher") == "benchmarks/work/teachers/minilm-l6-mlm"
                     if length == "e5":  # groups 3 and 4 as group 3 ran, before the teacher's soft labels were
                         assert method.pop("kd_weight") == 0.0  # Text Smoothing's default (2026-12-02)
+                        assert method.pop("label_weight") == 1.0  # and its label term's weight until 2026-12-04
                 shipped = method_params({"name": cell.config.method.name}).model_dump()
                 assert method == {k: v for k, v in shipped.items() if k in method}
         first = list(students.values())[:6 * len(tasks)]  # the informative cells run first: S3-384 labels only and kd
