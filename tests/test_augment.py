@@ -131,7 +131,7 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
 @pytest.mark.parametrize("method", [
     {"name": "kd", "hard_weight": 0.5},
     {"name": "lrc"},  # its second stage's hard term (γ); it trained to 80 % of the run and died of a KeyError once
-    {"name": "pkd"},  # 1 − α on the labels
+    {"name": "pkd"},  # 1 − α times the gold share on the labels
     {"name": "text_smoothing", "kd_weight": 1.0},
     {"name": "codir", "negatives": 4, "ce_weight": 1.0},  # eq. (1)'s L_CE (off by default on a teacher-labelled set)
     {"name": "finetune"},  # no teacher to label the new examples: refused
@@ -153,6 +153,9 @@ def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labe
     assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"] and metrics["gold_labelled_examples"] == 20
     if method["name"] == "text_smoothing":  # a gold example weighs as much as a teacher-labelled one
         assert metrics["resolved_defaults"]["label_weight"] == round(20 / metrics["train_examples_in_set"], 4) < 0.5
+    if method["name"] == "pkd":  # the same rule, times 1 − α
+        assert metrics["resolved_defaults"]["label_weight"] == round(0.5 * round(20 / metrics["train_examples_in_set"],
+                                                                                 4), 4) < 0.25
     if method["name"] == "codir":  # label-aware negatives need every example's label: in-batch ones instead
         assert metrics["resolved_defaults"]["negative_sampling"] == "batch"
         config["method"] = {**method, "negative_sampling": "other_label"}

@@ -161,6 +161,30 @@ def test_pkd_loss_weights():
     assert terms["soft"].item() == pytest.approx(0.25 * 5.0 ** 2 * kl, abs=1e-5)  # T^2 KL, batch mean (the authors' code also divides by the classes)
 
 
+def test_pkd_label_term_weighs_each_gold_example_as_any_other_on_a_teacher_labelled_set():
+    """On the pairs only the originals keep a gold label: L_CE's weight is 1 − α times their share of the set."""
+    def pkd(labelled, gold, examples=100):
+        ctx = _ctx()
+        ctx.labelled, ctx.train_data = labelled, SimpleNamespace(gold_labelled=gold, num_examples=examples)
+        return get_method("pkd")(method_params({"name": "pkd", "alpha": 0.5}), ctx)
+
+    assert pkd(True, 100).params.label_weight == 0.5  # the task's own examples: the paper's 1 − α
+    pairs = pkd(False, 20)
+    assert pairs.params.label_weight == 0.1 and pairs.uses_labels()
+    mask = torch.ones(2, 2)
+    student = Features(mask, hidden={1: torch.ones(2, 2, 8)}, logits=torch.tensor([[0.0, math.log(3)]] * 2))
+    teacher = Features(mask, hidden={2: torch.ones(2, 2, 8)}, logits=torch.zeros(2, 2))
+    # one gold example (label 1: p = 3/4) and one teacher-labelled pair without a label
+    terms = pairs.loss_terms({"labels": torch.tensor([1, NO_CLASS])}, student, teacher, Progress(0, 1))
+    assert terms["hard"].item() == pytest.approx(0.1 * -math.log(0.75), abs=1e-6)
+    corpus = pkd(False, 0)  # nothing has a gold label: no label term, so an unlabeled corpus trains
+    assert corpus.params.label_weight == 0 and not corpus.uses_labels()
+    assert "hard" not in corpus.loss_terms({"labels": torch.tensor([NO_CLASS, NO_CLASS])}, student, teacher,
+                                           Progress(0, 1))
+    explicit = get_method("pkd")(method_params({"name": "pkd", "label_weight": 0.5}), pairs.ctx)
+    assert explicit.params.label_weight == 0.5  # set by hand: kept
+
+
 def test_tinybert_joint_schedule_sums_every_term_at_every_step():
     method = _method({"name": "tinybert", "schedule": "joint", "attention_weight": 0, "temperature": 2.0})
     request = method.teacher_request()

@@ -48,6 +48,17 @@ class MethodContext:
     # teacher cache folder, or a temporary folder removed after the run when teacher.cache is false
     store_dir: Path | None = None
 
+    @property
+    def gold_share(self) -> float:
+        """The share of the training set with a gold label, to 4 places: 1 on a task's own examples, ~0.2 on the
+        pairs rule's set (only the originals keep theirs), 0 on an unlabeled corpus. A label term is a mean over a
+        batch's gold-labelled examples, so weighted by this share each of them counts as much as any other example."""
+        if self.labelled:
+            return 1.0
+        if self.train_data is None:
+            return 0.0
+        return round(getattr(self.train_data, "gold_labelled", 0) / self.train_data.num_examples, 4)
+
 
 class Method(nn.Module):
     name: ClassVar[str]

@@ -22,7 +22,15 @@ take: the teacher's [CLS] states and soft labels on new pairs are new targets, w
 by heart. S3-384 from a T6 teacher's layers, the same steps, 3 seeds (benchmarks/results/protocol-dev, 5r): STS-B
 Pearson 0.8515 ± 0.0028 against 0.8237 ± 0.0035 on the given pairs, **+2.8 ± 0.3 paired by seed** (same CPU and
 teacher; 100.3 % of the teacher); MRPC F1 0.8556 ± 0.0012 against 0.8357 ± 0.0045 (+2.0, accuracy +3.6; group 5 on
-another kind of Xeon, unpaired). The label term reads the originals' gold labels only.
+another kind of Xeon, unpaired).
+
+On the pairs only the originals keep a gold label (~1 in 5 examples), and L_CE is a mean over a batch's gold-labelled
+examples: at the paper's 1 − α each of them weighed as much as ~5 teacher-labelled pairs. `label_weight` (L_CE's weight)
+is by default 1 − α times the share of the training set with a gold label, so that each weighs as much as any other
+example: 1 − α on the task's own examples, as the paper; ~0.1 on the pairs. Text Smoothing's label term gained from
+the same rule on MNLI (methods/text_smoothing.py). Evidence: PENDING (benchmarks/results/layer-cut/epyc,
+`{task}-pkd-label05-uniform` against `{task}-pkd-uniform`; protocol-confirm/epyc `qnli-pkd-pairs-label05-default-S3-384`).
+Runs recorded before the field existed ran 1 − α; a plan redoes them (MethodParams.rule_defaults_since_added).
 
 The paper starts its students from the teacher's first k layers; a student cut from the teacher here copies every
 k-th layer instead (student_cut "uniform"), as for the other methods matching layer to layer: PKD from the first
@@ -59,11 +67,16 @@ class PKD(Method):
         pairs_by_default: ClassVar[bool] = True  # config.PAIRS_RULE: see the module's docstring
         name: Literal["pkd"] = "pkd"
         strategy: Literal["skip", "last"] = "skip"
-        alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft term; 1 − α goes to the labels
+        rule_defaults_since_added: ClassVar[tuple[str, ...]] = ("label_weight",)
+        alpha: float = Field(0.5, ge=0, le=1)  # weight of the soft term L_DS
+        # weight of L_CE; None: 1 − α times the share of the training set with a gold label (module docstring)
+        label_weight: float | None = Field(None, ge=0)
         beta: float = Field(100.0, ge=0)  # weight of the patient term (the paper searches 10..1000)
         temperature: float = Field(5.0, gt=0)
 
     def __init__(self, params, ctx):
+        if params.label_weight is None:
+            params = params.model_copy(update={"label_weight": round((1 - params.alpha) * ctx.gold_share, 4)})
         super().__init__(params, ctx)
         if ctx.student.num_layers < 2:
             raise ValueError("PKD needs a student with at least 2 layers (it distils layers 1..M-1): set "
@@ -72,7 +85,7 @@ class PKD(Method):
         self.projections = nn.ModuleList(projection(ctx.student.width, ctx.teacher.width) for _ in self.mapping)
 
     def uses_labels(self):
-        return self.params.alpha < 1
+        return self.params.label_weight > 0
 
     def teacher_request(self):
         return FeatureRequest(hidden=frozenset(self.mapping), logits=True)
@@ -86,6 +99,6 @@ class PKD(Method):
         patient = losses.pkd_patient_loss(
             [proj(student.cls(s_layer)) for s_layer, proj in enumerate(self.projections, start=1)],
             [teacher.cls(t_layer) for t_layer in self.mapping])
-        hard = self.label_loss(student.logits, batch["labels"]) if p.alpha < 1 else None
-        return weighted({"hard": (1 - p.alpha, hard),
+        hard = self.label_loss(student.logits, batch["labels"]) if p.label_weight else None
+        return weighted({"hard": (p.label_weight, hard),
                          "soft": (p.alpha, soft), "patient": (p.beta, patient)})

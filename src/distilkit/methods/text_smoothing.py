@@ -123,9 +123,8 @@ class TextSmoothing(Method):
             params = params.model_copy(update={"lam": 0.8 if ctx.task.is_regression or ctx.task.answer_spans else 0.5})
         if params.kd_weight is None:
             params = params.model_copy(update={"kd_weight": float(ctx.teacher.has_head)})
-        if params.label_weight is None and ctx.train_data is not None:
-            share = 1.0 if ctx.labelled else getattr(ctx.train_data, "gold_labelled", 0) / ctx.train_data.num_examples
-            params = params.model_copy(update={"label_weight": round(share, 4)})  # 0 on a corpus without labels
+        if params.label_weight is None:
+            params = params.model_copy(update={"label_weight": ctx.gold_share})
         if params.smoothing_teacher is None:  # written back, so that resolved_defaults names the model used
             params = params.model_copy(update={"smoothing_teacher": ctx.teacher.name})
         super().__init__(params, ctx)
