@@ -31,7 +31,7 @@ example: 1 − α on the task's own examples, as the paper; ~0.1 on the pairs (T
 methods/text_smoothing.py). S3-384 from the T6's layers 2/4/6, the pairs, 3 seeds paired against 1 − α, the default
 until 2026-12-05 (an AMD EPYC; benchmarks/results/layer-cut/epyc, `{task}-pkd-label05-uniform` against
 `{task}-pkd-uniform`): STS-B Pearson +0.4 ± 0.1, ahead at every seed (100.4 % of the teacher);
-MRPC F1 +0.9 (+0.9; seed 42 only; seeds 1 and 2 of the 0.5 arm running; 99.5 % of the T6; accuracy +0.5). Confirmed on QNLI 8,000 (protocol-confirm/epyc): +0.7 ± 0.5 accuracy, ahead at every seed, +2.0 ± 0.5 over
+MRPC F1 −0.2 ± 1.0, a tie within one sd (+0.9, −0.3, −1.2; 99.5 % of the T6; accuracy −1.0 ± 1.5). Confirmed on QNLI 8,000 (protocol-confirm/epyc): +0.7 ± 0.5 accuracy, ahead at every seed, +2.0 ± 0.5 over
 labels only (96.8 % of the teacher, against 96.0 %); PKD stays the QNLI default furthest from its teacher (TinyBERT
 97.6 %), for reasons not yet found.
 Runs recorded before the field existed ran 1 − α; a plan redoes them (MethodParams.rule_defaults_since_added).
