@@ -25,15 +25,15 @@ teacher; 100.3 % of the teacher); MRPC F1 0.8556 ± 0.0012 against 0.8357 ± 0.0
 another kind of Xeon, unpaired).
 
 On the pairs only the originals keep a gold label (~1 in 5 examples), and L_CE is a mean over a batch's gold-labelled
-examples: at the paper's 1 − α each of them weighed as much as ~5 teacher-labelled pairs. `label_weight` (L_CE's weight)
-is by default 1 − α times the share of the training set with a gold label, so that each weighs as much as any other
-example: 1 − α on the task's own examples, as the paper; ~0.1 on the pairs (Text Smoothing's rule for its label term,
-methods/text_smoothing.py). S3-384 from the T6's layers 2/4/6, the pairs, 3 seeds paired against 1 − α, the default
-until 2026-12-05 (an AMD EPYC; benchmarks/results/layer-cut/epyc, `{task}-pkd-label05-uniform` against
-`{task}-pkd-uniform`): STS-B Pearson +0.4 ± 0.1, ahead at every seed (100.4 % of the teacher);
-MRPC F1 −0.2 ± 1.0, a tie within one sd (+0.9, −0.3, −1.2; 99.5 % of the T6; accuracy −1.0 ± 1.5). Confirmed on QNLI 8,000 (protocol-confirm/epyc): +0.7 ± 0.5 accuracy, ahead at every seed, +2.0 ± 0.5 over
-labels only (96.8 % of the teacher, against 96.0 %); PKD stays the QNLI default furthest from its teacher (TinyBERT
-97.6 %), for reasons not yet found.
+examples: at the paper's 1 − α each of them weighed as much as ~5 teacher-labelled pairs. `label_weight` (L_CE's
+weight) is by default 1 − α times the share of the training set with a gold label, so that each weighs as much as any
+other example: 1 − α on the task's own examples, as the paper; ~0.1 on the pairs (Text Smoothing's rule for its label
+term, methods/text_smoothing.py). S3-384 from the T6's layers 2/4/6, the pairs, 3 seeds paired against 1 − α, the
+default until 2026-12-05 (an AMD EPYC; benchmarks/results/layer-cut/epyc, `{task}-pkd-label05-uniform` against
+`{task}-pkd-uniform`): STS-B Pearson +0.4 ± 0.1, ahead at every seed (100.4 % of the teacher); MRPC F1 −0.2 ± 1.0, a
+tie within one sd (+0.9, −0.3, −1.2; 99.5 % of the T6; accuracy −1.0 ± 1.5). Confirmed on QNLI 8,000
+(protocol-confirm/epyc): +0.7 ± 0.5 accuracy, ahead at every seed, +2.0 ± 0.5 over labels only (96.8 % of the teacher,
+against 96.0 %); PKD stays the QNLI default furthest from its teacher (TinyBERT 97.6 %), for reasons not yet found.
 Runs recorded before the field existed ran 1 − α; a plan redoes them (MethodParams.rule_defaults_since_added).
 
 The paper starts its students from the teacher's first k layers; a student cut from the teacher here copies every
