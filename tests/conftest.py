@@ -241,3 +241,20 @@ def launched(monkeypatch):
     monkeypatch.setattr(Plans, "launch", launch)
     yield ran
     AcceleratorState._reset_state(reset_partial_state=True)  # later tests in this process choose their own precision
+
+
+@pytest.fixture()
+def gold_labels_seen(monkeypatch):
+    """How many gold labels (not the teacher-labelled examples' placeholders) reached a method's label term."""
+    from distilkit.data.dataset import NO_CLASS
+    from distilkit.methods.base import Method
+
+    seen = []
+    label_loss = Method.label_loss
+
+    def spy(self, logits, labels):
+        known = ~torch.isnan(labels) if self.ctx.task.is_regression else labels != NO_CLASS
+        seen.append(int(known.reshape(len(known), -1).all(-1).sum()))
+        return label_loss(self, logits, labels)
+    monkeypatch.setattr(Method, "label_loss", spy)
+    return seen

@@ -138,7 +138,7 @@ def test_distillation_on_the_augmented_transfer_set(tmp_path, glue_dir, tiny_tea
 ])
 def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labelled_set(tmp_path, glue_dir,
                                                                                         tiny_teacher, tiny_base_model,
-                                                                                        method):
+                                                                                        gold_labels_seen, method):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "da", epochs=1)
     if method["name"] == "text_smoothing":  # the fine-tuned teacher has no MLM head: the model it came from
         method = {**method, "smoothing_teacher": str(tiny_base_model)}
@@ -151,6 +151,7 @@ def test_methods_with_a_label_term_read_the_originals_labels_in_the_teacher_labe
         return
     metrics = run_experiment(build_config(config))
     assert metrics["steps"] > 0 and "accuracy" in metrics["final"]["dev"] and metrics["gold_labelled_examples"] == 20
+    assert sum(gold_labels_seen) > 0  # the label term was handed the originals' gold labels, not placeholders only
     if method["name"] == "text_smoothing":  # a gold example weighs as much as a teacher-labelled one
         assert metrics["resolved_defaults"]["label_weight"] == round(20 / metrics["train_examples_in_set"], 4) < 0.5
     if method["name"] == "pkd":  # the same rule, times 1 − α

@@ -511,7 +511,10 @@ def test_codir_pretrain_loss_side_on_a_tiny_model(tiny_pair):
     assert set(terms) == {"mlm", "kd", "crd"}
     vocab = student.model.get_input_embeddings().weight.shape[0]
     assert 0 < terms["mlm"].item() < 3 * math.log(vocab)
+    assert terms["kd"].item() > 0 and terms["crd"].item() > 0  # two random models disagree; InfoNCE is above 0
     sum(terms.values()).backward()
+    grads = [p.grad for p in student.model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
     student.zero_grad()
 
 

@@ -32,6 +32,13 @@ def test_kl_divergence_lrc_eq4():
     assert losses.kl_divergence(teacher, teacher).item() == pytest.approx(0.0, abs=1e-7)
 
 
+def test_kl_divergence_divides_both_sides_by_the_temperature():
+    # at τ 2: teacher [0, ln 3] → [1/4, 3/4], student [ln 3, 0] → [3/4, 1/4]; KL = 1/4 ln(1/3) + 3/4 ln 3 = ½ ln 3
+    teacher = torch.tensor([[0.0, 2 * math.log(3)]])
+    student = torch.tensor([[2 * math.log(3), 0.0]])
+    assert losses.kl_divergence(student, teacher, temperature=2.0).item() == pytest.approx(0.5 * math.log(3), abs=1e-6)
+
+
 def test_soft_ce_minus_kl_is_teacher_entropy():
     teacher, student = torch.tensor([[0.3, -1.2, 2.0]]), torch.tensor([[1.0, 0.1, -0.5]])
     p = torch.softmax(teacher, -1)

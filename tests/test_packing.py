@@ -187,16 +187,17 @@ def test_every_method_takes_the_same_step_packed_or_padded(method, tmp_path, tin
         torch.testing.assert_close(packed_grads[name], padded_grads[name], atol=1e-5, rtol=1e-4)
 
 
-def test_mpnet_packs_in_half_precision(family_models):
+def test_mpnet_packs_in_half_precision(family_models, monkeypatch):
     """MPNet's attention adds the packed mask to its own scores: the mask takes the model's dtype, so a bf16 model
     (a GPU user's half-precision teacher) runs packed and gives the padded logits."""
+    layouts = _spy_on_layouts(monkeypatch)
     path = family_models["mpnet"]
     model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(torch.bfloat16)
     batch = dict(AutoTokenizer.from_pretrained(path)(TEXTS, padding=True, return_tensors="pt"))
     request = FeatureRequest(logits=True)
     padded = encoder_features(model, batch, request)
     packed = encoder_features(model, batch, request, packed=True)
-    assert packed.logits.dtype == torch.bfloat16
+    assert packed.logits.dtype == torch.bfloat16 and sum(layout is not None for layout in layouts) == 1  # it packed
     torch.testing.assert_close(packed.logits, padded.logits, atol=1e-2, rtol=1e-2)
 
 

@@ -364,15 +364,15 @@ def test_every_shipped_plan_runs_end_to_end_on_tiny_data(name, tmp_path, tiny_wo
 
 def test_tang_preset_is_tangs_size_and_sra_keeps_its_own():
     """2.4M parameters without embeddings on a pair task (SRA's Table 2, BiLSTM_KD), SRA's BiLSTM larger."""
-    from torch import nn
-
-    def pair_size(hidden: int, head_hidden: int, embedding_dim: int = 300) -> float:
-        lstm = nn.LSTM(embedding_dim, hidden, bidirectional=True)
-        mlp = nn.Sequential(nn.Linear(8 * hidden, head_hidden), nn.ReLU(), nn.Linear(head_hidden, 2))
-        return sum(p.numel() for m in (lstm, mlp) for p in m.parameters()) / 1e6
-
     from distilkit.config import BILSTM_PRESETS
-    from distilkit.models.bilstm import DEFAULTS
+    from distilkit.models.bilstm import DEFAULTS, BiLSTMStudent
+
+    def pair_size(hidden: int, head_hidden: int) -> float:
+        """The student a pair task builds, its BiLSTM and head (the table counts no embeddings, and no projection
+        to the teacher's width: SRA's alone reads it)."""
+        student = BiLSTMStudent(vocab_size=10, teacher_width=384, num_labels=2, pair=True, hidden=hidden,
+                                head_hidden=head_hidden)
+        return sum(p.numel() for m in (student.lstm, student.head) for p in m.parameters()) / 1e6
 
     assert yaml.safe_load((PRESETS / "bilstm-kd-tang-mrpc.yaml").read_text())["student"]["preset"] == "BiLSTM-Tang"
     tang, sra = BILSTM_PRESETS["BiLSTM-Tang"], BILSTM_PRESETS["BiLSTM-SRA"]

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import cli
 from distilkit.config import LENGTH_RULE, ConfigError, build_config, method_params
+from distilkit.data.readers import DataError
 from distilkit.data.tasks import named_task
 from distilkit.evaluate.against_teacher import check_teacher, constant_baseline, teacher_scores
 from distilkit.evaluate.report import protocol_table
@@ -133,7 +134,7 @@ def test_a_task_without_a_dev_file_is_scored_on_examples_held_out_of_train(tmp_p
               "output": {"dir": str(tmp_path / "run")}}
     run = build_run(build_config(config))
     assert run.train_data.num_examples == 40 and list(run.eval_data) == ["dev"] and len(run.eval_data["dev"]) == 12
-    with pytest.raises(Exception, match="holds out every one of the 60 training examples"):
+    with pytest.raises(DataError, match="holds out every one of the 60 training examples"):
         build_run(build_config({**config, "data": {**config["data"], "dev_from_train": 60}}))
     # without it the run trains unscored and says how to score it, on stderr: stdout is the result's JSON alone
     del config["data"]["dev_from_train"]

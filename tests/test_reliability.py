@@ -21,6 +21,7 @@ from transformers import BertForSequenceClassification, BertTokenizerFast
 
 from conftest import Crash, cli, crash_after_checkpoint, make_tokenizer, tiny_bert_config
 from distilkit.config import build_config
+from distilkit.data.readers import DataError
 from distilkit.run import RunError, build_run, run_experiment
 from distilkit.train import cache as cache_module
 from distilkit.train import distiller as distiller_module
@@ -428,7 +429,7 @@ def test_failed_start_leaves_nothing_and_the_fixed_rerun_runs(tmp_path, glue_dir
     out = tmp_path / "runs" / "out"
     config = tiny_config(glue_dir, tiny_teacher, out)
     config["eval"] = {"splits": ["dev_typo"]}
-    with pytest.raises(Exception, match="dev_typo"):
+    with pytest.raises(DataError, match=r"has no split 'dev_typo'"):
         run_experiment(build_config(config))
     assert not (tmp_path / "runs").exists(), "a failed start left files behind"
     del config["eval"]

@@ -42,11 +42,13 @@ def test_cli_distils_the_labelled_cap_plus_the_rest_of_the_train_file_and_no_dev
 
 
 def test_a_relative_file_is_found_under_the_data_folder_and_a_label_term_reads_the_labelled_examples(tmp_path, glue_dir,
-                                                                                                   tiny_teacher):
+                                                                                                   tiny_teacher,
+                                                                                                   gold_labels_seen):
     config = kd_config(glue_dir, tiny_teacher, tmp_path / "kd", epochs=1)  # hard_weight 0.5
     config["data"].update({"max_train_examples": 20, "unlabeled_file": "glue/SST-2/train.tsv"})
     metrics = run_experiment(build_config(config))
     assert metrics["train_examples_in_set"] > 20 and metrics["gold_labelled_examples"] == 20
+    assert sum(gold_labels_seen) > 0  # the label term read the 20 gold labels, not placeholders only
     assert "20 of which keep their gold labels" in (tmp_path / "kd" / "best" / "README.md").read_text()
 
 
