@@ -521,6 +521,14 @@ def test_codir_pretrain_loss_side_on_a_tiny_model(tiny_pair):
 # ---------------------------------------------------------------------------------------------- presets
 
 
+def test_codir_pretraining_weighs_kd_as_the_paper_and_fine_tuning_as_its_own():
+    """§4.2: α₁ = α₂ = 0.1 in pre-training, α₁ = 0.7 in fine-tuning; a weight the user gives is kept."""
+    assert method_params({"name": "codir", "objective": "pretrain"}).kd_weight == 0.1
+    assert method_params({"name": "codir"}).kd_weight == 0.7
+    assert method_params({"name": "codir", "objective": "pretrain", "kd_weight": 0.7}).kd_weight == 0.7
+    assert method_params({"name": "codir", "objective": "pretrain"}).crd_weight == 0.1
+
+
 def test_presets_carry_each_papers_settings():
     from distilkit.plans import Plans, load_plan
 

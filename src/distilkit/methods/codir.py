@@ -13,7 +13,8 @@ pre-training draws them from the same mini-batch (the global batch under multi-p
 and still reads their representations from the bank, so K is at most the global batch − 1 there (the
 paper's pre-training batches are large). `negative_sampling: bank` instead reads K rows of the bank at
 random (CRD's way, Tian et al. 2019), other than the positive's own row, so K is not capped by the
-batch: what the CoDIR-Pre preset uses on this CPU's batch of 32. By default, fine-tuning on classes takes the
+batch: what the CoDIR-Pre preset uses on this CPU's batch of 32, though the paper prefers the batch's as "hard"
+negatives ("otherwise, the L_CRD loss could easily drop to zero"; bank against batch is unmeasured here). By default, fine-tuning on classes takes the
 label-aware negatives and everything else (pre-training, a regression score such as STS-B's, answer spans) the
 in-batch ones; the label-aware default used to stop those runs with an error (issue 24).
 The bank has `bank_size` rows (default: one per training example). An example's row is its id modulo
@@ -21,8 +22,9 @@ The bank has `bank_size` rows (default: one per training example). An example's 
 are stable 63-bit hashes (data/corpus.py), so over a corpus larger than the bank several examples share
 a row, which then holds the momentum average of the most recent of them (a pool of recent student
 representations, as a bank over a corpus too large to hold must be).
-Objective (eq. 1): L = L_CE + α₁ L_KD + α₂ L_CRD with L_KD = KL(softmax(zᵗ/ρ) ‖ softmax(zˢ/ρ)) (eq. 2);
-for regression tasks CE and KD become MSE. CoDIR-Pre (`objective: pretrain`) replaces L_CE by the
+Objective (eq. 1): L = L_CE + α₁ L_KD + α₂ L_CRD with L_KD = KL(softmax(zᵗ/ρ) ‖ softmax(zˢ/ρ)) (eq. 2),
+α₁ 0.7 and ρ 2 in fine-tuning, α₁ = α₂ = 0.1 in pre-training (§4.2). The paper fine-tunes on classes only (it leaves
+STS-B out); on a regression score here CE and KD become MSE, this toolkit's extension. CoDIR-Pre (`objective: pretrain`) replaces L_CE by the
 student's MLM loss and distils the teacher's MLM distribution at the masked positions; each model's
 teacher's MLM distribution is `Teacher.mlm` (a fitted or own MLM head, else the logged tied projection,
 models/mlm.py); the student's is its own head if it has one, else the projection on its own word embeddings. That needs
@@ -30,7 +32,8 @@ batches with `mlm_labels` (token ids at masked positions, −100 elsewhere): an 
 data.mlm_probability set.
 
 Settings the paper does not print come from its released code (CRD defaults): τ = 0.07, β = 0.5,
-m = 128, and the bank starts uniform in ±1/√(m/3). The released code also writes the bank rows
+m = 128, and the bank starts uniform in ±1/√(m/3). Elsewhere that code departs from the paper (every other teacher
+layer, [CLS] pooling, CRD's symmetric NCE instead of eq. 4); here the paper is followed. The released code also writes the bank rows
 L2-normalised and weighs (1 − α₁)·CE + α₁·ρ²·KL; here eqs. (1), (2) and (5) are followed as printed
 (cosine similarity ignores the norm of the bank rows, so only the momentum averaging differs).
 
@@ -80,7 +83,7 @@ import math
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from distilkit import losses
@@ -113,12 +116,20 @@ class CoDIR(Method):
         momentum: float = Field(0.5, gt=0, lt=1)  # β of eq. (5)
         # the weight of L_CE; None: 1 (eq. 1) when every training example has a gold label, else 0 (see the docstring)
         ce_weight: float | None = Field(None, ge=0)
-        kd_weight: float = Field(0.7, ge=0)  # α₁
+        kd_weight: float = Field(0.7, ge=0)  # α₁: fine-tuning's 0.7; CoDIR-Pre's 0.1 (pretraining_weight below)
         kd_temperature: float = Field(2.0, gt=0)  # ρ
         crd_weight: float = Field(0.1, ge=0)  # α₂; the paper searches 0.1, 0.5, 1
         # the first fraction of the steps in which L_CRD fits the heads φ alone (the student's layers detached); 0: the
         # paper's joint training from step 0; None: HEADS_FIRST (see the docstring)
         heads_first: float | None = Field(None, ge=0, lt=1)
+
+        @model_validator(mode="before")
+        @classmethod
+        def pretraining_weight(cls, data):
+            """§4.2: CoDIR-Pre uses "α₁ = α₂ = 0.1 for both L_KD and L_CRD"; α₁ = 0.7 is fine-tuning's (ρ = 2)."""
+            if isinstance(data, dict) and data.get("objective") == "pretrain" and "kd_weight" not in data:
+                return {**data, "kd_weight": 0.1}
+            return data
 
     @classmethod
     def token_aligned_terms(cls, params):
