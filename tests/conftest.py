@@ -153,6 +153,15 @@ def write_glue(root: Path, n_train: int = 256, n_dev: int = 32, seed: int = 0) -
             label = i % 2
             rows.append(f"{label}\t{2 * i}\t{2 * i + 1}\t{_sentence(rng, label)}\t{_sentence(rng, label)}")
         (mrpc / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    rte = root / "glue" / "RTE"  # a small pair task with word labels (LRC-BERT's small-task recipe)
+    rte.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.tsv", 48), ("dev.tsv", 16)):
+        rows = ["index\tsentence1\tsentence2\tlabel"]
+        for i in range(n):
+            label = i % 2
+            rows.append(f"{i}\t{_sentence(rng, label)}\t{_sentence(rng, label)}\t"
+                        f"{('not_entailment', 'entailment')[label]}")
+        (rte / name).write_text("\n".join(rows) + "\n")
     return root
 
 

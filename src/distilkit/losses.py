@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 
 def hard_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy with the gold labels (the "hard" loss of Hinton et al. 2015; LRC-BERT eq. 5 with τ=1).
+    """Cross-entropy with the gold labels (the "hard" loss of Hinton et al. 2015; LRC-BERT eq. 5 read as the
+    one-hot label itself, softmax(y/τ)'s limit as τ → 0, which its text describes: methods/lrc.py).
 
     Classes lie along the last axis; any leading axes are averaged over (span logits (B, 2, T) with
     labels (B, 2): the mean of the start and end losses, as BERT's SQuAD loss).

@@ -22,11 +22,13 @@ Choices the paper leaves open, made here:
 - The pre-training stage (LRC-BERT vs LRC-BERT₁: COS-NCE only on unlabeled text) is this method with
   `first_stage_fraction: 1.0`: weights 1:0:0 throughout, and then `loss_terms` never reads labels or
   logits and the teacher needs no classification head (on an unlabeled corpus, task.name: unlabeled).
-- W of eq. (3) is one matrix per distilled layer pair: the equation writes W without a layer index, so one W
-  shared by every pair (as TinyBERT's W_h) is the other reading; it is untested here.
+- W of eq. (3) is one matrix per distilled layer pair. The equation writes W without a layer index and says it
+  follows TinyBERT ("Referring to the exiting works (Jiao et al. 2019 ...), we use matrix W"), whose W_h is one
+  matrix for every layer: a shared W is the likelier reading, and untested here.
 - `intermediate_loss: mse` is the paper's BERT_M ablation (TinyBERT's hidden MSE instead of COS-NCE).
 
-The perturbation's default depends on the task: on for classification (the paper's), off for regression.
+The perturbation's default depends on the task: on for classification, off for regression (the paper used it on
+every task, STS-B included).
 On STS-B (S3-384, one seed) ε = 1 gave Pearson .6465 against .7881 without the perturbation and .7776 for
 the labels-only student; ε = 0.1 gave .7789. ε is a fixed distance in embedding space, and a regression
 score, which the loss reads directly, moves with it where a classifier's decision survives it. On SST-2 the
@@ -42,7 +44,8 @@ benchmarks/results/protocol-dev/ (group 3i). `first_stage_fraction: 0.8` forces 
 
 On a small sentence-pair task LRC learns from the task's own sentences paired anew as well, where data.augment is
 unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made), in the steps the given pairs take, as kd,
-TinyBERT and PKD do; the paper trains on the given pairs (the `lrc` preset keeps them). On STS-B, S3-384 from the
+TinyBERT and PKD do; the paper trains on the given pairs (the `lrc` preset keeps them), adding TinyBERT's 20x
+augmentation for a first stage on RTE and CoLA only (the `lrc-small-task` plan). On STS-B, S3-384 from the
 T6's layers 2/4/6, 3 seeds paired (benchmarks/results/layer-cut, 2,160 steps either way): Pearson 0.8509 ± 0.0014,
 100.0 % of the teacher, +2.6 ± 0.3 over LRC on the given pairs (ahead at every seed) and +1.0 ± 0.6 over labels only
 from layers 1/2/3, which LRC on the given pairs trailed by 1.5 ± 0.5. MRPC (2,070 steps, 3 seeds): F1 0.8584 ± 0.0032,

@@ -9,7 +9,12 @@ uses). The teacher computes Emb(r) and Hid(r) once for every reference (teacher 
 The student (student.kind: refbert, models/refbert.py) reads Emb(r) and Hid(r) in its first layer
 (eq. 13-23). The losses are TinyBERT's (eq. 29-37): embedding, hidden-state and attention-score
 MSE, then prediction soft cross-entropy, with m(l) = uniform every k-th layer (3l for a 12-layer
-teacher and a 4-layer student) — this method *is* the tinybert method plus references.
+teacher and a 4-layer student) — this method *is* the tinybert method plus references. Eq. (29) writes one sum over
+the layers, as TinyBERT's eq. (11) does; the paper applies "the same setting as the TinyBERT", whose task distillation
+trains the intermediate layers first and the prediction layer after, so `schedule` is TinyBERT's two stages by
+default (`schedule: joint` is the single sum). Two of TinyBERT's choices here are not in eq. (30): the label term on a
+regression score (`hard_weight`, 1 there; methods/tinybert.py has the evidence), and t dividing the teacher's logits
+as well as the student's in L_P (the same at the default t = 1).
 
 `blank_references: true` is the ablation: same student and losses, every reference empty.
 

@@ -2,7 +2,8 @@
 
 On unlabeled sentences, the student's sentence vector S_x = tanh(W H) approaches the teacher's
 sentence embedding T_x, the final-layer hidden state of [CLS] (`pooling: mean` averages the final
-layer over real tokens instead, the paper's "BERT (averaged)"), by eq. (1):
+layer over real tokens instead: this toolkit's option; the paper distils [CLS] only, and its "BERT (averaged)" is an
+untuned baseline of Table 5), by eq. (1):
 
     L_distill = ½ (1 − T_x·S_x / (‖T_x‖ ‖S_x‖)).
 

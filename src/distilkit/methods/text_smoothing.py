@@ -11,7 +11,8 @@ Student learning: the student reads t̃ as soft word ids — its input embedding
 and learns the task labels. At inference it reads ordinary ids. The paper's students start from the
 teacher's embeddings and first n layers, the cut of every method trained on outputs (config.MethodParams.student_cut).
 
-λ by default follows what the head predicts: 0.5, the paper's, on classes; 0.8 on a score or an answer span. On
+λ by default follows what the head predicts: 0.5 on classes; 0.8 on a score or an answer span (the paper sets 0.5 on
+every task, STS-B and SQuAD included). On
 STS-B (S3-384 from the fine-tuned teacher's layers, 5 epochs, 3 seeds paired with labels only,
 benchmarks/results/protocol-dev) λ 0.5 lost 2.2 ± 0.3 Pearson points and λ 0.8 0.3 ± 0.1: a similarity score turns
 on the exact words, and with a fitted MLM head a token keeps only ~69 % of its weight on the input word at λ 0.5

@@ -1,4 +1,4 @@
-"""The RefBERT student (Zhang et al., "RefBERT: Compressing BERT by Referencing to Pre-computed
+"""The RefBERT student (Wang et al., "RefBERT: Compressing BERT by Referencing to Pre-computed
 Representations"), eq. (12)-(24), and the references it reads.
 
 Reference pairing (eq. 12): for every input x, r = the most similar *other* sample of a reference
