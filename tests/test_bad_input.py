@@ -141,7 +141,17 @@ def _finished_run(w: Where) -> Path:
     out = w.tmp / "finished"
     out.mkdir()
     (out / "config.yaml").write_text("task: {name: sst2}\n")
+    (out / "env.json").write_text("{}")
     (out / "metrics.json").write_text("{}")
+    return out
+
+
+def _users_folder(w: Where) -> Path:
+    """A user's own experiment folder: their config.yaml, no env.json, beside their notes."""
+    out = w.tmp / "myexp"
+    out.mkdir()
+    (out / "config.yaml").write_text("task: {name: sst2}\n")
+    (out / "notes.tmp").write_text("mine")
     return out
 
 
@@ -322,6 +332,15 @@ CASES: dict[str, tuple] = {
                                         ["finished run", "output.overwrite"]),
     "output.dir in use": (lambda w: w.distill(f"output.dir={_locked(w)}"), ["in use by another distilkit run"]),
     "output.dir is a file": (lambda w: w.distill(f"output.dir={w.file('afile', 'x')}"), ["is a file"]),
+    "output.dir inside a file": (lambda w: w.distill(f"output.dir={w.file('afile', 'x')}/run"),
+                                 ["lies inside", "which is a file"]),
+    "output.dir holds a user's config.yaml": (lambda w: w.distill(f"output.dir={_users_folder(w)}"),
+                                              ["not a distilkit run", "config.yaml"]),
+    "evaluate --output is a folder": (lambda w: ["evaluate", str(w.teacher), "--task", "sst2", "--data", str(w.glue),
+                                                 "--output", str(w.tmp)], ["--output", "is a folder"]),
+    "custom task with one label": (lambda w: w.distill("task.name=custom", "task.text_columns=[text]",
+                                                       "task.labels=['pos']", f"task.train_file={w.file('t.csv', 'text,label')}"),
+                                   ["task.labels", "two or more different classes"]),
     # predict, evaluate, export, recipe, bench
     "predict without input": (lambda w: ["predict", str(w.teacher)], ["give text"]),
     "predict an empty file": (lambda w: ["predict", str(w.teacher), "--file", w.file("empty.txt", "\n")],

@@ -220,6 +220,19 @@ def test_measurement_steps_run_once_per_version_of_their_cells(tmp_path, tiny_ba
     assert output.stat().st_mtime_ns > measured_at  # its cell changed: measured again
 
 
+def test_a_step_that_prints_no_json_is_refused_and_nothing_is_kept(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
+                                                                    launched):
+    """A step's stdout is its result, read back on every later run: one that is not JSON stops the plan naming the
+    step, and is not kept (the next run measures again)."""
+    script = tmp_path / "chatty.py"
+    script.write_text("print('measuring...')\n")
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["steps"] = [{"name": "chatty", "command": f"python {script}"}]
+    with pytest.raises(RunError, match="^step chatty printed no JSON result"):
+        Plans(load_plan(write(tmp_path, plan))).run(only=["chatty"])
+    assert not (tmp_path / "plan" / "stages" / "chatty.json").exists()
+
+
 def test_a_step_record_another_kind_of_machine_measured_is_kept(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                                  launched, capsys):
     """A step reruns on each disk for what it makes (the MLM head Text Smoothing reads); its record, when it names

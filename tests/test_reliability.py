@@ -444,6 +444,7 @@ def test_leftover_tmp_checkpoints_are_removed_at_the_next_start(tmp_path, glue_d
     from distilkit.config import dump_config
 
     (out / "config.yaml").write_text(dump_config(build_config(config)))  # an unfinished run of this config
+    (out / "env.json").write_text("{}")
     leftover = out / "checkpoints" / ".step-00000002.4242.tmp"
     leftover.mkdir(parents=True)
     (leftover / "trainable.safetensors").write_bytes(b"x" * 1000)
@@ -581,3 +582,31 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys):
     assert end.value.code == 130
     assert "interrupted; a run resumes from its last checkpoint when the same command is run again" in \
         capsys.readouterr().err
+
+
+def test_a_student_folder_is_replaced_whole_and_a_swap_cut_short_is_finished_at_the_next_start(tmp_path):
+    """best/ is written beside the old one and renamed in: a failed write leaves the old best/ as it was, and a kill
+    between the two renames leaves best.previous, which the next start puts back (or drops, once best/ is new)."""
+    from distilkit.machine import replace_folder
+    from distilkit.train.outdir import remove_leftovers
+
+    best = tmp_path / "best"
+    replace_folder(best, lambda folder: (folder.mkdir(), (folder / "model.safetensors").write_text("step 1")))
+    with pytest.raises(OSError):
+        replace_folder(best, lambda folder: (folder.mkdir(), (folder / "model.safetensors").write_text("step 2"),
+                                              (_ for _ in ()).throw(OSError("disk full"))))
+    assert (best / "model.safetensors").read_text() == "step 1"
+    os.rename(best, tmp_path / "best.previous")  # killed after the old best/ was moved away, before the new one came
+    remove_leftovers(tmp_path)
+    assert (best / "model.safetensors").read_text() == "step 1" and not (tmp_path / "best.tmp").exists()
+    (tmp_path / "best.previous").mkdir()  # killed after the new best/ came in, before the old one was removed
+    remove_leftovers(tmp_path)
+    assert not (tmp_path / "best.previous").exists() and (best / "model.safetensors").read_text() == "step 1"
+
+
+def test_a_teacher_that_scores_zero_gives_no_percentage_instead_of_a_crash():
+    """A constant prediction's Matthews correlation (CoLA) or Pearson is exactly 0."""
+    from distilkit.evaluate.metrics import percent_of, shown_percent
+
+    assert percent_of(0.2, 0.0) is None and shown_percent(percent_of(0.2, 0.0)) == "n/a"
+    assert percent_of(0.4, 0.5) == pytest.approx(80.0) and shown_percent(80.0) == "80.0%"

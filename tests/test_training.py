@@ -206,6 +206,7 @@ def test_unfinished_run_with_other_config_is_refused(tmp_path, glue_dir, tiny_te
     out = tmp_path / "run"
     out.mkdir()
     (out / "config.yaml").write_text("something: else\n")
+    (out / "env.json").write_text("{}")
     (out / "log.jsonl").write_text('{"step": 10, "loss": 0.5}\n')  # it trained: its steps are not thrown away
     with pytest.raises(RunError, match="different config"):
         run_experiment(build_config(kd_config(glue_dir, tiny_teacher, out)))

@@ -51,6 +51,16 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return (*ours, FileExistsError, FileNotFoundError, ValueError, TypeError, UnpicklingError)
 
 
+def _check_output_file(path: Path | None, option: str) -> None:
+    """A file a command will write its results to: refused before the work if it cannot be written there."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder: name a file to write the results to")
+    if blocking := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+        raise ValueError(f"{option} {path} lies inside {blocking}, which is a file: name a file in a folder")
+
+
 def _fail(err: Exception) -> None:
     from pickle import UnpicklingError
 
@@ -140,6 +150,7 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     from distilkit.run import capped
 
     try:
+        _check_output_file(output, "--output")  # before the scoring, which the write must not then lose
         path = resolve_model(model)
         meta = read_metadata(Path(path))
         recorded = recorded_task(meta)  # a custom task's files, columns and labels too
@@ -184,9 +195,12 @@ def evaluate(model: Annotated[str, typer.Argument(help="a saved student or teach
     except _user_errors() as err:
         _fail(err)
     text = json.dumps(results, indent=2)
-    if output:
-        output.write_text(text)
     print(text)
+    if output:
+        from distilkit.machine import atomic_write_text
+
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(output, text + "\n")
 
 
 @app.command()
@@ -529,6 +543,7 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
     from distilkit.train.mlm_head import write_report
 
     try:
+        _check_output_file(report, "--report")
         if threads:
             torch.set_num_threads(threads)
         if steps < 1 or batch_size < 1 or max_length < 8 or not 0 < heldout_fraction < 1 or heldout_examples < 1 \
@@ -544,9 +559,9 @@ def fit_mlm_head(teacher: Annotated[str, typer.Argument(help="teacher folder or 
                    heldout_fraction, eval_every or None, precision, log=lambda line: console.print(line))
     except _user_errors() as err:
         _fail(err)
+    print(json.dumps(info, indent=2))  # a plan step keeps it as its record
     if report is not None:
         write_report(info, report)
-    print(json.dumps(info, indent=2))  # a plan step keeps it as its record
 
 
 def _quiet_libraries() -> None:

@@ -132,7 +132,11 @@ class TaskConfig(StrictModel):
         if any(isinstance(v, bool) for v in value):
             raise ValueError("YAML reads unquoted no/yes/true/false/on/off as booleans: quote each label, e.g. "
                              "labels: ['no', 'yes']")
-        return [str(v) if isinstance(v, int) else v for v in value]
+        value = [str(v) if isinstance(v, int) else v for v in value]
+        if len(set(value)) < 2 or len(set(value)) < len(value):
+            raise ValueError(f"task.labels {value} must name two or more different classes (leave labels unset "
+                             "for a regression score)")
+        return value
 
     @model_validator(mode="after")
     def _custom_needs_files(self):

@@ -29,6 +29,7 @@ def demo_overrides(data: str | None, output: Path, budget: str, seed: int | None
 
 def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: list[str] | None = None,
              seed: int | None = None) -> dict:
+    from distilkit.evaluate.metrics import percent_of, shown_percent
     from distilkit.evaluate.speed import oversubscribed, pytorch_runner, side_by_side
     from distilkit.models.student import load_student
     from distilkit.plans import Plans, load_plan
@@ -55,10 +56,10 @@ def run_demo(data: str | None, output: Path, budget: str = "fast", overrides: li
     for name, label in NAMES.items():
         score = metrics[name]["best"]["score"]
         s = speed[name]
-        row = {"dev_accuracy": score, "percent_of_teacher": 100 * score / teacher_score,
+        row = {"dev_accuracy": score, "percent_of_teacher": percent_of(score, teacher_score),
                "params": metrics[name]["params"]["total"], "speed": s}
         summary["models"][name] = row
-        table.add_row(label, f"{score:.4f}", f"{row['percent_of_teacher']:.1f}%", f"{row['params'] / 1e6:.1f}M",
+        table.add_row(label, f"{score:.4f}", shown_percent(row['percent_of_teacher']), f"{row['params'] / 1e6:.1f}M",
                       f"{s['latency_1_thread']['p50_ms']:.1f}", f"{s['speedup']['latency_1_thread']:.2f}×",
                       f"{s['throughput_batch_32']['sentences_per_second']:.0f}")
     Console().print(table)

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import time
 from pathlib import Path
 
@@ -78,6 +79,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+PREVIOUS = ".previous"  # a saved folder while its replacement is renamed in (train/outdir.py restores it)
+
+
+def replace_folder(path: Path, write) -> None:
+    """`write(folder)` into `<path>.tmp`, then swapped in by renames: a kill at any point leaves the old folder or the
+    new one whole, never a half-written one under the name (outdir.remove_leftovers finishes a swap cut short)."""
+    tmp, previous = path.with_name(path.name + ".tmp"), path.with_name(path.name + PREVIOUS)
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    if path.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(path, previous)
+    os.rename(tmp, path)
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def move_aside(path: Path) -> Path:

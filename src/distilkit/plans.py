@@ -54,6 +54,7 @@ from distilkit.config import (
     same_config,
     same_run,
 )
+from distilkit.evaluate.metrics import percent_of
 from distilkit.evaluate.profile import FORMATS
 from distilkit.machine import atomic_write_text, move_aside
 from distilkit.run import RunError, augment_for
@@ -452,6 +453,11 @@ class Plans:
             result = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
             if result.returncode != 0:
                 raise RunError(f"step {step.name} failed ({exit_reason(result.returncode)}): {command}")
+            try:
+                json.loads(result.stdout)
+            except json.JSONDecodeError:
+                raise RunError(f"step {step.name} printed no JSON result (its stdout must be one JSON object): "
+                               f"{command}") from None
             file.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(file, result.stdout)
         return json.loads(file.read_text())
@@ -693,7 +699,7 @@ class Plans:
             "flop_ratio": (teacher["flops_per_sequence"] / size["flops_per_sequence"]
                            if size["flops_per_sequence"] and teacher["flops_per_sequence"] else None),
             "dev": {"split": split, "metric": spec.main_metric, "score": score,
-                    "teacher_score": teacher_score, "percent_of_teacher": 100 * score / teacher_score,
+                    "teacher_score": teacher_score, "percent_of_teacher": percent_of(score, teacher_score),
                     "best_step": metrics["best"]["step"],
                     "final": metrics["final"]},
             "seeds": {"train": config.train.seed, "data_subset": 0},

@@ -41,3 +41,13 @@ def compute_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> d
         else:
             raise ValueError(f"unknown metric {name!r}")
     return scores
+
+
+def percent_of(score: float, teacher: float | None) -> float | None:
+    """A student's score as % of its teacher's; None where that means nothing: no teacher score, or one of 0 (a
+    constant prediction's Matthews correlation or Pearson, which a weak teacher can score exactly)."""
+    return 100 * score / teacher if teacher else None
+
+
+def shown_percent(percent: float | None) -> str:
+    return "n/a" if percent is None else f"{percent:.1f}%"

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from distilkit.data.tasks import is_count
+from distilkit.evaluate.metrics import percent_of, shown_percent
 from distilkit.evaluate.speed import oversubscribed
 from distilkit.machine import cpu_label, machine_kind
 
@@ -55,7 +56,7 @@ def results_table(records: list[dict]) -> list[str]:
         # than its training time, which is summed (mrpc-kd-minilm: 219 s of 1,856); shown as unknown
         wall = r["distill_wall_seconds"] if r["distill_wall_seconds"] >= r["train_seconds"] else None
         lines.append(
-            f"| {r['method']} | {r['student']} | {r['dev']['score']:.4f} | {r['dev']['percent_of_teacher']:.1f}% "
+            f"| {r['method']} | {r['student']} | {r['dev']['score']:.4f} | {shown_percent(r['dev']['percent_of_teacher'])} "
             f"| {int8_text} | {r['params']['total'] / 1e6:.1f}M / {r['params']['without_embeddings'] / 1e6:.1f}M "
             f"| {_fmt(flops / 1e9 if flops else None)} | {_fmt(r['flop_ratio'])}× "
             f"| {r['epochs']:g} ({r['steps']}) | {_fmt(wall, '.0f')} | {r['examples_per_second']:.0f} "
@@ -112,7 +113,7 @@ def plot_score_vs_speedup(records: list[dict], path: Path) -> Path:
     for ax, fmt in zip(axes[0], formats):
         for r in records:
             m = _measured(r).get(fmt)
-            if m:
+            if m and r["dev"]["percent_of_teacher"] is not None:
                 ax.scatter(m["speedup"]["throughput_batch_32"], r["dev"]["percent_of_teacher"],
                            color=colors[r["method"]], marker=markers[r["task"]], s=45)
                 ax.annotate(r["student"], (m["speedup"]["throughput_batch_32"], r["dev"]["percent_of_teacher"]),
@@ -169,7 +170,7 @@ def plot_percent_of_teacher(records: list[dict], path: Path) -> Path:
     width = 0.8 / len(runs)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(tasks) + 0.25 * len(runs)), 3.8))
     for i, run in enumerate(runs):
-        values = [next((r["dev"]["percent_of_teacher"] for r in records if r["task"] == t
+        values = [next((r["dev"]["percent_of_teacher"] or np.nan for r in records if r["task"] == t
                         and (r["method"], r["student"]) == run), np.nan) for t in tasks]
         ax.bar(np.arange(len(tasks)) + i * width - 0.4 + width / 2, values, width, label=" · ".join(run))
     ax.axhline(100, color="grey", lw=0.5, ls="--")
@@ -339,7 +340,7 @@ def teacher_percent_table(runs: dict[str, dict], teachers: dict[str, str]) -> li
             elif isinstance(r.get("teacher"), list):
                 pct = "– (several teachers)"
             else:
-                pct = f"{100 * r['best']['score'] / (own or teacher['best']['score']):.1f}%"
+                pct = shown_percent(percent_of(r['best']['score'], own or teacher['best']['score']))
             lines.append(f"| {name} | {r['method']} | {r['params']['total'] / 1e6:.1f}M | {metric} | "
                          f"{r['best']['score']:.4f} | {final:.4f} | {pct} | {r['epochs']:g} | {r['train_seconds']:.0f} | "
                          f"{r['examples_per_second']:.0f} | {r['teacher_forward_passes']} |")
@@ -459,7 +460,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
             if weak:
                 flags.append(f"weak: near the constant {weak[0]['constant']:.4f}")
             row = [task, metric, f"{top:.4f}" + "".join(f" **{flag}**" for flag in flags),
-                   f"{spread(baseline)} ({100 * statistics.mean(baseline) / top:.1f}%{seed_count(len(baseline))})"]
+                   f"{spread(baseline)} ({shown_percent(percent_of(statistics.mean(baseline), top))}{seed_count(len(baseline))})"]
             for method in methods:
                 found = [f for f in paired(runs, cell(method=spec["baseline"]), method_cell(method)) if f[0] in labels]
                 if not found:
@@ -470,7 +471,7 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
                 # below by more than one sd: a judgement that needs a spread, so two seeds at least
                 mark = " ✗" if len(gains) > 1 and statistics.mean(gains) + statistics.stdev(gains) < 0 else ""
                 row.append(f"{spread(gains, points=True, unit=point_scale(found[0][1]))} "
-                           f"({100 * statistics.mean(ours) / top:.1f}%"
+                           f"({shown_percent(percent_of(statistics.mean(ours), top))}"
                            f"{seed_count(len(found))}){mark}")
             rows.append("| " + " | ".join(row) + " |")
         if rows:
@@ -504,8 +505,9 @@ def across_tasks_table(runs: dict[str, dict], teachers: dict[str, dict | None], 
         for task in tasks:
             teacher = teachers[task]
             found = [] if teacher is None or task not in methods else [
-                (100 * score(r, teacher["metric"]) / teacher["score"], r)
-                for r in seeded(runs, teacher["cell"](method=methods[task])).values() if cpu(r) == teacher["cpu"]]
+                (percent, r) for r in seeded(runs, teacher["cell"](method=methods[task])).values()
+                if cpu(r) == teacher["cpu"] and (percent := percent_of(score(r, teacher["metric"]), teacher["score"]))
+                is not None]
             if found:
                 means[task] = (statistics.mean(p for p, _ in found), len(found))
                 measured = [_measured(r) for _, r in found if "speed" in r]  # a skipped format has no speedup

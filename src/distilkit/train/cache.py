@@ -302,8 +302,11 @@ class TeacherCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         with FileLock(self.dir / ".lock"):
             if done.is_file():
-                parts = json.loads(done.read_text())["parts"]
-                if all(self._usable(f"{name}.{part}", int(self.token_offsets[-1])) for part in parts):
+                try:
+                    parts = json.loads(done.read_text())["parts"]
+                except (json.JSONDecodeError, KeyError):  # cut short by a kill: the table is filled again
+                    parts = []
+                if parts and all(self._usable(f"{name}.{part}", int(self.token_offsets[-1])) for part in parts):
                     return
                 done.unlink()
             self._remove_leftovers()
@@ -340,7 +343,7 @@ class TeacherCache:
                         len(self.dataset))
             progress.unlink(missing_ok=True)
             self.compute_seconds += time.perf_counter() - start
-            done.write_text(json.dumps({"parts": parts, "seconds": round(time.perf_counter() - start, 2)}))
+            atomic_write_text(done, json.dumps({"parts": parts, "seconds": round(time.perf_counter() - start, 2)}))
 
     def _table_fill_path(self, name: str, part: str) -> Path:
         return self.dir / f"{name}.{part}{TABLE_FILL_SUFFIX}"

@@ -33,7 +33,7 @@ from distilkit.config import DEFAULT_EPOCHS, LENGTH_RULE, SMALL_SET_MIN_EXAMPLES
 from distilkit.data.dataset import batches_per_epoch
 from distilkit.evaluate.evaluator import evaluate_splits, heldout_loss
 from distilkit.evaluate.metrics import LOWER_IS_BETTER
-from distilkit.machine import peak_rss_mb
+from distilkit.machine import peak_rss_mb, replace_folder
 from distilkit.precision import to_device
 from distilkit.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from distilkit.train.progress import Progress
@@ -406,7 +406,7 @@ class Distiller:
             return
         student = self.accelerator.unwrap_model(wrapped).student
         _check_finite(student.state_dict(), f"the student's weights for {directory.name}/")
-        self.save_student(student, directory)
+        replace_folder(directory, lambda folder: self.save_student(student, folder))
 
     def _checkpoint(self, wrapped, optimizer, scheduler, state: TrainState) -> None:
         """Every process takes part (Accelerate gathers sharded weights and each process's RNG state); the main

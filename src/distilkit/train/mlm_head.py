@@ -26,7 +26,7 @@ import torch
 from distilkit.data.corpus import TextCorpus
 from distilkit.data.masking import MaskedBatches
 from distilkit.data.readers import DataError
-from distilkit.machine import environment
+from distilkit.machine import atomic_write_text, environment
 from distilkit.models.mlm import FittedMLMHead, MLMDistribution, word_embeddings
 from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
@@ -100,6 +100,8 @@ def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: 
     Every `eval_every` steps the held-out accuracy and loss are logged and kept (`heldout.curve`), to show
     where more steps stop paying."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file: choose a new --out folder (nothing there is touched)")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty: choose a new --out folder "
                               "(nothing there is touched)")
@@ -191,4 +193,4 @@ def fit_mlm_head(teacher_name: str, corpus_files: list[Path], out: Path, steps: 
 
 def write_report(info: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(info, indent=2) + "\n")

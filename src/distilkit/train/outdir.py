@@ -21,12 +21,15 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from distilkit.config import config_differences
-from distilkit.machine import atomic_write_text, machine_kind, move_aside
+from distilkit.machine import PREVIOUS, atomic_write_text, machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
-CONFIG_FILE = "config.yaml"  # written first by every run: what makes a folder a distilkit run
+CONFIG_FILE = "config.yaml"  # with env.json (written after it), what makes a folder a distilkit run
+ENV_FILE = "env.json"
 LOG_FILE = "log.jsonl"
+# what a start that failed before its first step can leave; a folder holding anything else is not rewritten as one
+FAILED_START = {CONFIG_FILE, ENV_FILE, LOG_FILE, "checkpoints", "tensorboard"}
 
 
 class RunError(RuntimeError):
@@ -63,16 +66,19 @@ class OutputDir:
         out = self.path
         if out.exists() and not out.is_dir():
             raise RunError(f"output.dir {out} is a file; set output.dir to a folder")
+        if blocking := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+            raise RunError(f"output.dir {out} lies inside {blocking}, which is a file; set output.dir to a folder "
+                           "elsewhere")
         entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
         if not entries:
             return
-        if not (out / CONFIG_FILE).is_file():
+        if not ((out / CONFIG_FILE).is_file() and (out / ENV_FILE).is_file()):
             shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
             raise RunError(f"output.dir {out} is not empty and is not a distilkit run (it holds {shown}); "
                            "distilkit writes only into an empty folder or one of its own runs: choose another "
                            "output.dir")
         finished = (out / "metrics.json").is_file()
-        if not finished and never_trained(out):
+        if not finished and set(entries) <= FAILED_START and never_trained(out):
             return  # a start that failed after writing its config (a teacher pass refused it): nothing to keep
         saved = (out / CONFIG_FILE).read_text()
         # same_config's comparison, made once: the fields that differ are what the refusal names
@@ -114,9 +120,10 @@ class OutputDir:
             self._acquire()
         self._started = True
         remove_leftovers(out)
-        (out / CONFIG_FILE).write_text(self.resolved_config)
-        # whole or not at all: a resumed run reads it back (`with_earlier_machines`)
-        atomic_write_text(out / "env.json", json.dumps(with_earlier_machines(out, environment), indent=2))
+        # whole or not at all: a rerun compares it with its own config, a resumed run reads env.json back
+        if not (out / CONFIG_FILE).is_file() or (out / CONFIG_FILE).read_text() != self.resolved_config:
+            atomic_write_text(out / CONFIG_FILE, self.resolved_config)
+        atomic_write_text(out / ENV_FILE, json.dumps(with_earlier_machines(out, environment), indent=2))
         return out
 
 
@@ -145,6 +152,12 @@ def with_earlier_machines(out: Path, environment: dict) -> dict:
 def remove_leftovers(out: Path) -> None:
     """What a killed run left: half-written checkpoint folders and files, and log lines of steps that
     the resumed run replays from its checkpoint (they would be logged twice)."""
+    for previous in out.glob(f"*{PREVIOUS}"):  # a student folder's swap cut short (machine.replace_folder)
+        current = previous.with_name(previous.name.removesuffix(PREVIOUS))
+        if current.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+        else:
+            os.rename(previous, current)
     for leftover in [*out.glob("*.tmp"), *(out / "checkpoints").glob("*.tmp")]:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
