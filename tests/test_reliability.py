@@ -610,3 +610,13 @@ def test_a_teacher_that_scores_zero_gives_no_percentage_instead_of_a_crash():
 
     assert percent_of(0.2, 0.0) is None and shown_percent(percent_of(0.2, 0.0)) == "n/a"
     assert percent_of(0.4, 0.5) == pytest.approx(80.0) and shown_percent(80.0) == "80.0%"
+
+
+def test_submission_files_are_written_whole_into_a_folder_and_a_file_as_the_folder_is_refused(tmp_path):
+    from distilkit.evaluate.submission import write_submission
+
+    taken = tmp_path / "submissions"
+    taken.write_text("mine")
+    with pytest.raises(ValueError, match="^--out .*submissions is a file: name a folder"):
+        write_submission(None, None, {}, taken)
+    assert taken.read_text() == "mine"

@@ -98,6 +98,12 @@ def test_read_squad_v1_and_v2_records(tmp_path):
      "id 'x1': answer 'beta' does not occur at answer_start 0"),
     ({"qas": [{"id": "x2", "question": "what?", "answers": []}]}, "paragraph 0: missing context"),
     ({"context": "alpha beta", "qas": []}, "paragraph 0: empty qas list"),
+    ({"context": "alpha beta", "qas": [{"id": "x3", "question": "what?", "answers": ["beta"]}]},
+     "id 'x3': an answer needs a text and an integer answer_start, got 'beta'"),
+    ({"context": "alpha beta", "qas": [{"id": "x4", "question": "what?", "answers": "beta"}]},
+     "id 'x4': answers must be a list"),
+    ({"context": "alpha beta", "qas": ["what?"]}, "question 0: not an object"),
+    ("alpha beta", "paragraph 0: not an object"),
 ])
 def test_bad_records_name_article_paragraph_and_id_or_are_skipped(tmp_path, bad, message):
     articles = [good_article(), {"title": "Bad", "paragraphs": [bad]}]
@@ -108,6 +114,11 @@ def test_bad_records_name_article_paragraph_and_id_or_are_skipped(tmp_path, bad,
     with pytest.warns(UserWarning, match="skipped 1 bad record"):
         examples = read_squad(path, bad_records="skip")
     assert [e.id for e in examples] == ["Greek-1", "Greek-2"]  # nothing before the bad record is lost
+
+
+def test_a_file_without_a_question_to_read_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"s.json: no questions to read"):
+        read_squad(squad_file(tmp_path / "s.json", []))
 
 
 def test_an_article_without_paragraphs_is_named_or_skipped(tmp_path):

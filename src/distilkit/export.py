@@ -84,15 +84,22 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
             inputs = dict(zip(names, args))
             return head_logits(self.inner(**inputs), inputs["attention_mask"])
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # .eval() on the wrapper too: export restores the wrapper's mode, recursively, afterwards
-        torch.onnx.export(LogitsOnly(model).eval(), tuple(inputs.values()), str(out_path), input_names=names,
-                          output_names=["logits"], dynamic_axes=dynamic, opset_version=opset, dynamo=False)
-    difference = onnx_parity(model, out_path, tokenizer)
-    if difference > 1e-4:
-        out_path.unlink()
-        raise RuntimeError(f"ONNX output differs from PyTorch by {difference:.2e} (> 1e-4); export discarded")
+    # written to a file of this process and moved into place once it passed the parity check, as the int8 file is:
+    # an export killed half-way leaves nothing a rerun would take for a checked one
+    work = out_path.with_name(f"{out_path.stem}.{os.getpid()}.tmp{out_path.suffix}")
+    _remove_trials_of_dead_searches(out_path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # .eval() on the wrapper too: export restores the wrapper's mode, recursively, afterwards
+            torch.onnx.export(LogitsOnly(model).eval(), tuple(inputs.values()), str(work), input_names=names,
+                              output_names=["logits"], dynamic_axes=dynamic, opset_version=opset, dynamo=False)
+        difference = onnx_parity(model, work, tokenizer)
+        if difference > 1e-4:
+            raise RuntimeError(f"ONNX output differs from PyTorch by {difference:.2e} (> 1e-4); export discarded")
+        os.replace(work, out_path)
+    finally:
+        work.unlink(missing_ok=True)
     return out_path
 
 

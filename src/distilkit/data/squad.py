@@ -64,27 +64,38 @@ def read_squad(path: str | Path, bad_records: BadRecords = "error") -> list[QAEx
     log = BadRecordLog(bad_records)
     examples = squad_examples(document["data"], str(path), log)
     log.warn(str(path))
+    if not examples:
+        raise DataError(f"{path}: no questions to read (its \"data\" list holds no article with a usable question)")
     return examples
 
 
 def squad_examples(articles: list[dict], source: str, log: BadRecordLog) -> list[QAExample]:
     examples = []
     for a, article in enumerate(articles):
+        if not isinstance(article, dict):
+            log.report(f"{source}: article {a} is not an object with a \"paragraphs\" list")
+            continue
         title = article.get("title", "")
-        if not article.get("paragraphs"):
+        if not isinstance(article.get("paragraphs"), list) or not article["paragraphs"]:
             log.report(f"{source}: article {a} ({title!r}): no paragraphs")
             continue
         for p, paragraph in enumerate(article["paragraphs"]):
             place = f"{source}: article {a} ({title!r}), paragraph {p}"
+            if not isinstance(paragraph, dict):
+                log.report(f"{place}: not an object with a context and qas")
+                continue
             context = paragraph.get("context")
             if not isinstance(context, str) or not context:
                 log.report(f"{place}: missing context")
                 continue
             qas = paragraph.get("qas")
-            if not qas:
+            if not isinstance(qas, list) or not qas:
                 log.report(f"{place}: empty qas list (a paragraph needs at least one question)")
                 continue
-            for qa in qas:
+            for q, qa in enumerate(qas):
+                if not isinstance(qa, dict):
+                    log.report(f"{place}, question {q}: not an object with an id, a question and answers")
+                    continue
                 example = _example(qa, context, f"{place}, id {qa.get('id')!r}", log)
                 if example is not None:
                     examples.append(example)
@@ -98,8 +109,11 @@ def _example(qa: dict, context: str, where: str, log: BadRecordLog) -> QAExample
         return None
     answers = [] if qa.get("is_impossible") else (qa.get("answers") or [])
     texts, starts = [], []
+    if not isinstance(answers, list):
+        log.report(f"{where}: answers must be a list of {{text, answer_start}} objects, got {answers!r}")
+        return None
     for answer in answers:
-        text, start = answer.get("text"), answer.get("answer_start")
+        text, start = (answer.get("text"), answer.get("answer_start")) if isinstance(answer, dict) else (None, None)
         if not isinstance(text, str) or not isinstance(start, int):
             log.report(f"{where}: an answer needs a text and an integer answer_start, got {answer!r}")
             return None

@@ -15,6 +15,7 @@ from distilkit.data.dataset import TokenizedDataset
 from distilkit.data.tasks import TaskSpec
 from distilkit.evaluate.evaluator import predict_logits
 from distilkit.evaluate.metrics import predictions_from_logits
+from distilkit.machine import atomic_write_text
 
 # test split -> file name, where it is not the task's folder name
 _FILE_NAMES = {("mnli", "test_matched"): "MNLI-m.tsv", ("mnli", "test_mismatched"): "MNLI-mm.tsv"}
@@ -38,11 +39,13 @@ def submission_rows(task: TaskSpec, logits) -> list[str]:
 def write_submission(model, task: TaskSpec, datasets: dict[str, TokenizedDataset], out_dir: Path) -> list[Path]:
     """Predicts every test split in `datasets` with `model` and writes its leaderboard file."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file: name a folder for the leaderboard files")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for split, dataset in datasets.items():
         path = out_dir / submission_name(task, split)
-        path.write_text("\n".join(["index\tprediction", *submission_rows(task, predict_logits(model, dataset))])
-                        + "\n")
+        atomic_write_text(path, "\n".join(["index\tprediction", *submission_rows(task, predict_logits(model, dataset))])
+                          + "\n")  # a file of an earlier submission is replaced whole
         written.append(path)
     return written
