@@ -91,7 +91,8 @@ def saved_students(monkeypatch) -> dict:
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad():
-            logits[str(directory)] = (self.features(batch, FeatureRequest(logits=True)).logits, batch)
+            # the folder it is saved into is swapped in under its name (machine.replace_folder)
+            logits[str(directory).removesuffix(".tmp")] = (self.features(batch, FeatureRequest(logits=True)).logits, batch)
         self.model.train(was_training)
 
     monkeypatch.setattr(student_module.TransformerStudent, "save", save)
