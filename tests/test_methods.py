@@ -260,7 +260,7 @@ def test_held_out_scoring_leaves_method_state_alone_and_training_changes_it(tmp_
     assert loss > 0 and torch.equal(run.method.memory, bank)
     (tmp_path / "run").mkdir()
     Distiller(config=config, task=run.task, student=run.student, method=run.method, teacher_source=run.teacher_source,
-              train_data=run.train_data, eval_data={}, out_dir=tmp_path / "run", save_student=lambda *_: None).train()
+              train_data=run.train_data, eval_data={}, out_dir=tmp_path / "run", save_student=lambda _, folder: folder.mkdir()).train()
     changed = (run.method.memory != bank).any(dim=1)
     assert int(changed.sum()) == 8  # the one step's batch of positives, written back
 

@@ -57,7 +57,9 @@ def _check_output_file(path: Path | None, option: str) -> None:
         return
     if path.is_dir():
         raise ValueError(f"{option} {path} is a folder: name a file to write the results to")
-    if blocking := next((p for p in path.parents if p.exists() and not p.is_dir()), None):
+    from distilkit.machine import file_in_the_way
+
+    if blocking := file_in_the_way(path):
         raise ValueError(f"{option} {path} lies inside {blocking}, which is a file: name a file in a folder")
 
 

@@ -87,7 +87,7 @@ def export_onnx(model_dir: Path, out_path: Path | None = None, opset: int = 17) 
     # written to a file of this process and moved into place once it passed the parity check, as the int8 file is:
     # an export killed half-way leaves nothing a rerun would take for a checked one
     work = out_path.with_name(f"{out_path.stem}.{os.getpid()}.tmp{out_path.suffix}")
-    _remove_trials_of_dead_searches(out_path)
+    _remove_work_files_of_dead_processes(out_path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -141,7 +141,7 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     # the search writes trial models; they go to a file of this process, moved into place once checked, so a
     # search killed half-way leaves no unchecked int8 file that a rerun would take for the finished one
     work = out_path.with_name(f"{out_path.stem}.{os.getpid()}.tmp{out_path.suffix}")
-    _remove_trials_of_dead_searches(out_path)
+    _remove_work_files_of_dead_processes(out_path)
     try:
         check = _quantize_checked(onnx_path, work, str(out_path), Path(model_dir or onnx_path.parent), texts,
                                   min_agreement)
@@ -152,9 +152,9 @@ def quantize_int8(onnx_path: Path, out_path: Path | None = None, model_dir: Path
     return out_path
 
 
-def _remove_trials_of_dead_searches(out_path: Path) -> None:
-    """A search killed with no chance to clean up (kill -9, power loss) leaves its trial model beside the int8 file:
-    never read again, but hundreds of MB each; one whose process is gone is removed."""
+def _remove_work_files_of_dead_processes(out_path: Path) -> None:
+    """An export or int8 search killed with no chance to clean up (kill -9, power loss) leaves its work file beside the
+    one it makes: never read again, but hundreds of MB each; one whose process is gone is removed."""
     for trial in out_path.parent.glob(f"{out_path.stem}.*.tmp{out_path.suffix}"):
         pid = trial.name[len(out_path.stem) + 1:-len(f".tmp{out_path.suffix}")]
         if pid.isdigit() and not _process_alive(int(pid)):

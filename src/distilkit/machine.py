@@ -81,6 +81,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing parent of `path` that is a file, so nothing can be written at `path`."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 PREVIOUS = ".previous"  # a saved folder while its replacement is renamed in (train/outdir.py restores it)
 
 
@@ -90,8 +95,6 @@ def replace_folder(path: Path, write) -> None:
     tmp, previous = path.with_name(path.name + ".tmp"), path.with_name(path.name + PREVIOUS)
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
-    if not tmp.exists():  # the writer wrote nothing (a test's stand-in): nothing to swap in
-        return
     if path.exists():
         shutil.rmtree(previous, ignore_errors=True)
         os.rename(path, previous)

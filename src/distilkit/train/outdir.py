@@ -21,7 +21,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from distilkit.config import config_differences
-from distilkit.machine import PREVIOUS, atomic_write_text, machine_kind, move_aside
+from distilkit.machine import PREVIOUS, atomic_write_text, file_in_the_way, machine_kind, move_aside
 from distilkit.train.checkpoint import latest_checkpoint
 
 LOCK_FILE = ".distilkit.lock"
@@ -66,7 +66,7 @@ class OutputDir:
         out = self.path
         if out.exists() and not out.is_dir():
             raise RunError(f"output.dir {out} is a file; set output.dir to a folder")
-        if blocking := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+        if blocking := file_in_the_way(out):
             raise RunError(f"output.dir {out} lies inside {blocking}, which is a file; set output.dir to a folder "
                            "elsewhere")
         entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
@@ -121,8 +121,7 @@ class OutputDir:
         self._started = True
         remove_leftovers(out)
         # whole or not at all: a rerun compares it with its own config, a resumed run reads env.json back
-        if not (out / CONFIG_FILE).is_file() or (out / CONFIG_FILE).read_text() != self.resolved_config:
-            atomic_write_text(out / CONFIG_FILE, self.resolved_config)
+        atomic_write_text(out / CONFIG_FILE, self.resolved_config)
         atomic_write_text(out / ENV_FILE, json.dumps(with_earlier_machines(out, environment), indent=2))
         return out
 
