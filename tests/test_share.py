@@ -113,7 +113,7 @@ class FakeApi:
         self.calls.append(("upload", repo_id, uploaded))
 
 
-def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
+def test_push_uploads_the_folder_with_its_card(kd_run, tiny_teacher, monkeypatch):
     out, _ = kd_run
     monkeypatch.setattr(FakeApi, "calls", [])
     monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
@@ -123,7 +123,14 @@ def test_push_uploads_the_folder_with_its_card(kd_run, monkeypatch):
     assert create == ("create", "me/tiny-kd", True, True) and (upload, repo) == ("upload", "me/tiny-kd")
     assert set(uploaded) == {p.name for p in (out / "best").iterdir()}
     assert uploaded["model.safetensors"] == (out / "best" / "model.safetensors").read_bytes()
-    assert uploaded["README.md"] == (out / "best" / "README.md").read_bytes()
+    # the card as the Hub gets it: this machine's folders (the teacher's, the data's, the run's) by their names, in
+    # the metadata, the config and the command; the local card keeps them whole, and both parse
+    local = (out / "best" / "README.md").read_text()
+    assert str(out) in local and str(out) not in uploaded["README.md"].decode()
+    assert str(tiny_teacher) not in uploaded["README.md"].decode() and str(tiny_teacher) in local
+    hub_card = ModelCard(uploaded["README.md"].decode(), ignore_metadata_errors=False)
+    assert hub_card.data.distillation["teacher"] == f"…/{tiny_teacher.name}"
+    assert f"dir: …/{out.name}" in hub_card.text
     result = cli("push", str(out), "me/tiny-kd")  # the run folder, not a student
     assert result.returncode == 2 and "not a saved student" in result.stderr
 
@@ -153,6 +160,8 @@ def test_the_hub_gets_a_custom_task_s_files_by_name_while_the_folder_keeps_where
     assert (pushed["task_config"]["train_file"], pushed["task_config"]["dev_file"]) == ("train.csv", "dev.csv")
     assert {**pushed, "task_config": None} == {**kept, "task_config": None}
     assert "private-data" not in FakeApi.calls[1][2]["distilkit.json"].decode()
+    assert "private-data" not in FakeApi.calls[1][2]["README.md"].decode()  # nor its card's config
+    assert "private-data" in (tmp_path / "run" / "best" / "README.md").read_text()
 
 
 def test_output_push_to_hub_uploads_the_best_student(glue_dir, tiny_teacher, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ is copied from the run's `metrics.json`, never recomputed.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -185,8 +186,25 @@ def shareable_metadata(metadata: dict) -> dict:
     return {**metadata, "task_config": {**recorded, **files}}
 
 
+# an absolute POSIX path in a card's text: not part of a URL, a relative path or a home-relative one
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"`,;)\]]+")
+
+
+def shareable_card(text: str) -> str:
+    """README.md as the Hub gets it: a file or folder of this machine (the teacher's, the data's, the run's, in the
+    metadata, the config and the command) by its name, as `shareable_metadata` names a custom task's files. The local
+    card keeps them whole, to redo the run here."""
+    def elide(match: re.Match) -> str:
+        path = Path(match.group())
+        if not (path.exists() or (len(path.parts) > 2 and path.parent.exists())):
+            return match.group()  # not a file or folder of this machine
+        return f"…/{path.name}"
+    return _ABSOLUTE_PATH.sub(elide, text)
+
+
 def _upload_operations(folder: Path) -> list:
-    """Every file of a student folder, distilkit.json as `shareable_metadata` makes it."""
+    """Every file of a student folder, distilkit.json and README.md as `shareable_metadata` and `shareable_card`
+    make them."""
     from huggingface_hub import CommitOperationAdd
 
     from distilkit.models.student import METADATA_FILE
@@ -194,8 +212,12 @@ def _upload_operations(folder: Path) -> list:
     operations = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         name = path.relative_to(folder).as_posix()
-        content = (json.dumps(shareable_metadata(json.loads(path.read_text())), indent=2).encode()
-                   if name == METADATA_FILE else str(path))
+        if name == METADATA_FILE:
+            content = json.dumps(shareable_metadata(json.loads(path.read_text())), indent=2).encode()
+        elif name == CARD_FILE:
+            content = shareable_card(path.read_text()).encode()
+        else:
+            content = str(path)
         operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=content))
     return operations
 
