@@ -236,7 +236,8 @@ def test_a_step_that_prints_no_json_is_refused_and_nothing_is_kept(tmp_path, tin
 def test_a_step_record_another_kind_of_machine_measured_is_kept(tmp_path, tiny_base_model, tiny_teacher, glue_dir,
                                                                  launched, capsys):
     """A step reruns on each disk for what it makes (the MLM head Text Smoothing reads); its record, when it names
-    another kind of machine than this run's output, is kept, as a teacher's is under a student run elsewhere."""
+    another kind of machine than this run's output, is kept, as a teacher's is under a student run elsewhere; one
+    of this kind is kept too when the step measures no cell (the record a README quotes)."""
     script = tmp_path / "measure.py"
     script.write_text("import json\nfrom distilkit.machine import environment\n"
                       "print(json.dumps({'measured': 1, 'environment': environment()}))\n")
@@ -251,9 +252,14 @@ def test_a_step_record_another_kind_of_machine_measured_is_kept(tmp_path, tiny_b
     assert json.loads(record.read_text()) == other_machine
     output = tmp_path / "plan" / "stages" / "fit.json"
     assert f"step fit: its record (another CPU) is kept; this machine's output is {output}" in capsys.readouterr().err
-    record.unlink()  # none yet, or one of this kind: the output is the record
+    record.unlink()  # none yet: the output is the record
     Plans(load_plan(write(tmp_path, plan))).run(only=["fit"])
     assert json.loads(record.read_text()) == json.loads(output.read_text())
+    first = record.read_text()
+    script.write_text(script.read_text().replace("'measured': 1", "'measured': 2"))
+    output.unlink()  # a new disk: the step, measuring no cell, remakes what it makes; the first record stands
+    Plans(load_plan(write(tmp_path, plan))).run(only=["fit"])
+    assert json.loads(output.read_text())["measured"] == 2 and record.read_text() == first
 
 
 def test_an_interrupted_plan_resumes_at_the_cell_that_stopped(tmp_path, tiny_base_model, tiny_teacher, glue_dir,

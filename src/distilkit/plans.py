@@ -466,15 +466,19 @@ class Plans:
         return Path(step.file or Path(self.plan.output) / self.plan.name / f"{step.name}.json")
 
     def write_step_record(self, step: Step, output: dict, path: Path) -> None:
-        """The step's output as its record, unless the record names another kind of machine than the output does: a
-        step reruns on each disk for what it makes (the MLM head Text Smoothing's cells read), and its record is what
-        was measured where (`--set results=<another folder>` keeps this machine's too)."""
+        """The step's output as its record, unless a record is kept: one naming another kind of machine than the
+        output does (a step reruns on each disk for what it makes, the MLM head Text Smoothing's cells read, and its
+        record is what was measured where; `--set results=<another folder>` keeps this machine's too), or, for a step
+        measuring no cell, any: its rerun on a new disk remakes what it makes, and the first record, the one a README
+        quotes, stands (delete it to replace it)."""
         from distilkit.evaluate.report import cpu
 
-        if path.is_file() and cpu(kept := json.loads(path.read_text())) != cpu(output):
-            print(f"[plan] step {step.name}: its record ({kept.get('environment', {}).get('cpu')}) is kept; this "
-                  f"machine's output is {self.step_file(step)}", file=sys.stderr)
-            return
+        if path.is_file():
+            kept = json.loads(path.read_text())
+            if cpu(kept) != cpu(output) or (kept != output and not self.referenced(step)):
+                print(f"[plan] step {step.name}: its record ({kept.get('environment', {}).get('cpu')}) is kept; this "
+                      f"machine's output is {self.step_file(step)}", file=sys.stderr)
+                return
         atomic_write_text(path, json.dumps(output, indent=2))
 
     def referenced(self, step: Step) -> list[str]:
