@@ -338,3 +338,22 @@ def test_a_hub_id_the_hub_cannot_give_ends_in_one_line(monkeypatch, glue_dir, ki
     result = cli("evaluate", "myorg/roberta-sentiment", "--task", "sst2", "--data", str(glue_dir))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert said in " ".join(result.stderr.split())
+
+
+def test_a_shared_card_names_this_machine_s_paths_by_name_and_leaves_the_rest(tmp_path):
+    """Only what is a file or folder here is elided, written the way this system writes paths (on Windows its
+    C:\\... paths, which the push test's tmp_path then is); a URL, a drive path on POSIX, a path of another machine
+    and a relative one stay as they are."""
+    from distilkit.card import _ABSOLUTE_PATH, shareable_card
+
+    run = tmp_path / "alice" / "run"
+    run.mkdir(parents=True)
+    others = ["https://huggingface.co/me/tiny", "Q:\\nowhere\\alice\\t6" if os.name != "nt" else "/nowhere/alice/t6",
+              "/home/bob/elsewhere/t6", "runs/relative/best"]
+    text = f"teacher: {run / 'best'}\ndir: '{run}'\n" + "\n".join(others)
+    shared = shareable_card(text)
+    assert shared.splitlines()[:2] == ["teacher: …/best", "dir: '…/run'"]
+    assert shared.splitlines()[2:] == others and str(tmp_path) not in shared
+    # what is taken for a path on any system: Windows's forms too, so that a card written there is elided there
+    assert _ABSOLUTE_PATH.findall("C:\\Users\\alice\\run, d:/data/x; see https://hf.co/a and ~/b, run/c") == [
+        "C:\\Users\\alice\\run", "d:/data/x"]

@@ -186,8 +186,9 @@ def shareable_metadata(metadata: dict) -> dict:
     return {**metadata, "task_config": {**recorded, **files}}
 
 
-# an absolute POSIX path in a card's text: not part of a URL, a relative path or a home-relative one
-_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/[^\s'\"`,;)\]]+")
+# an absolute path in a card's text, POSIX or Windows (C:\ or C:/): not part of a URL, a relative path or a
+# home-relative one
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~\\-])(?:/|[A-Za-z]:[\\/])[^\s'\"`,;)\]]+")
 
 
 def shareable_card(text: str) -> str:
@@ -196,7 +197,7 @@ def shareable_card(text: str) -> str:
     card keeps them whole, to redo the run here."""
     def elide(match: re.Match) -> str:
         path = Path(match.group())
-        if not (path.exists() or (len(path.parts) > 2 and path.parent.exists())):
+        if not path.is_absolute() or not (path.exists() or (len(path.parts) > 2 and path.parent.exists())):
             return match.group()  # not a file or folder of this machine
         return f"…/{path.name}"
     return _ABSOLUTE_PATH.sub(elide, text)
