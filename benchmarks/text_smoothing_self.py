@@ -56,17 +56,17 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    teachers = [(model, Teacher(model), float(temperature))  # each loaded once, read on every task
+                for model, temperature in (spec.rsplit(":", 1) for spec in args.teachers)]
     results, sources = [], []
     for name in args.task or ["sst2"]:
         task = glue_task(name)
         source = find_split_file(task, resolve_data_dir(None) / "glue" / task.folder, args.split)
         sources.append(f"glue/{task.folder}/{source.name}")
         texts = [tuple(example.texts) for example in read_tsv(task, source)][:args.sentences]
-        for spec in args.teachers:
-            model, temperature = spec.rsplit(":", 1)
-            teacher = Teacher(model)
+        for model, teacher, temperature in teachers:
             results.append({"task": name, "teacher": model,
-                            **self_probability(teacher, texts, float(temperature), args.top_k)})
+                            **self_probability(teacher, texts, temperature, args.top_k)})
             print(json.dumps(results[-1]), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
