@@ -42,7 +42,7 @@ def self_probability(teacher: Teacher, texts: list[tuple[str, ...]], temperature
         in_top += hit.any(-1)[words].sum().item()
         tokens += words.sum().item()
     return {"source": teacher.mlm.source, "temperature": temperature, "tokens": int(tokens),
-            "words_per_example": round(tokens / len(texts), 1),
+            "smoothed_tokens_per_example": round(tokens / len(texts), 1),
             "p_self": full / tokens, f"p_self_top{top_k}": renormalised / tokens, f"self_in_top{top_k}": in_top / tokens}
 
 
