@@ -386,6 +386,6 @@ def test_a_misshapen_paired_table_is_refused_when_the_plan_loads(monkeypatch):
                           (lambda t: next(iter(t["rows"].values())).__setitem__(1, "qnli-kd-pairs-frist-4000-S3-384"),
                            r"no cell \['qnli-kd-pairs-frist-4000-S3-384'\]")):
         plan = load_plan("protocol-confirm")
-        change(next(t for t in plan.report.tables if t["kind"] == "paired" and "QNLI" in t["caption"]))
+        change(next(t for t in plan.report.tables if t["kind"] == "paired" and "QNLI, kd's default" in t["rows"]))
         with pytest.raises(ConfigError, match=named):
             Plans(plan)
