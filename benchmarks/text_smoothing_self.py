@@ -23,8 +23,8 @@ from distilkit.models.student import load_tokenizer
 from distilkit.models.teacher import Teacher
 
 
-def self_probability(teacher: Teacher, texts: list[tuple[str, ...]], temperature: float, top_k: int) -> dict:
-    tokenizer = load_tokenizer(teacher.path)
+def self_probability(teacher: Teacher, tokenizer, texts: list[tuple[str, ...]], temperature: float,
+                     top_k: int) -> dict:
     special = torch.tensor(sorted(set(tokenizer.all_special_ids)))
     full = renormalised = in_top = tokens = 0.0
     for start in range(0, len(texts), 32):
@@ -56,17 +56,18 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    teachers = [(model, Teacher(model), float(temperature))  # each loaded once, read on every task
-                for model, temperature in (spec.rsplit(":", 1) for spec in args.teachers)]
+    teachers = [(model, teacher, load_tokenizer(teacher.path), float(temperature))  # each loaded once, for every task
+                for model, temperature in (spec.rsplit(":", 1) for spec in args.teachers)
+                for teacher in [Teacher(model)]]
     results, sources = [], []
     for name in args.task or ["sst2"]:
         task = glue_task(name)
         source = find_split_file(task, resolve_data_dir(None) / "glue" / task.folder, args.split)
         sources.append(f"glue/{task.folder}/{source.name}")
         texts = [tuple(example.texts) for example in read_tsv(task, source)][:args.sentences]
-        for model, teacher, temperature in teachers:
+        for model, teacher, tokenizer, temperature in teachers:
             results.append({"task": name, "teacher": model,
-                            **self_probability(teacher, texts, temperature, args.top_k)})
+                            **self_probability(teacher, tokenizer, texts, temperature, args.top_k)})
             print(json.dumps(results[-1]), flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
