@@ -57,7 +57,7 @@ def run_arm(overrides: list[str], reset: bool) -> dict:
     run = build_run(config)
     for cache in run.teacher_caches:
         cache.ensure(run.teacher_source.request, config.eval.batch_size)
-    cfg, total = run.config.train, run.config.train.max_steps  # the given pairs' steps (the pairs rule sets them)
+    cfg, total = run.config.train, run.config.train.max_steps  # set by the cell's saved pairs rule
     torch.manual_seed(cfg.seed)  # as Distiller.train
     module = TrainModule(run.student, run.method)
     optimizer = make_optimizer(module, cfg)

@@ -2,6 +2,7 @@
 and a distillation run on the augmented transfer set."""
 
 import json
+import math
 import random
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 import yaml
 
 from conftest import cli
-from distilkit.config import PAIRS_RULE, AugmentConfig, build_config, dump_config
+from distilkit.config import EARLIER_PAIRS_RULE, PAIRS_RULE, AugmentConfig, build_config, dump_config
 from distilkit.data.readers import DataError, Example
 from distilkit.data.tasks import named_task
 from distilkit.run import augment_for, run_experiment, scored_as_the_given
@@ -209,8 +210,9 @@ def test_the_pairs_scheme_refuses_word_settings_and_needs_no_mlm(glue_dir, tiny_
 
 def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_default(tmp_path, glue_dir, tiny_teacher):
     """data.augment unset (config.PAIRS_RULE), as a user runs kd: the task, a teacher, kd. The saved config names the
-    rule; the metrics say what it chose; the run makes the given pairs' steps and is scored after each pass's worth
-    of them, as without the pairs; null opts out; a method without pairs_by_default is left alone."""
+    rule; the metrics say what it chose; the run makes the given pairs' steps, and at least 3 passes over the pairs,
+    and is scored after each pass's worth of the given pairs; a config naming the earlier rule runs as it did; null
+    opts out; a method without pairs_by_default is left alone."""
     def distill(out, *extra):
         return cli("distill", "--set", "task.name=mrpc", "--set", f"data.dir={glue_dir}",
                    "--set", "data.max_length=32", "--set", f"teacher.model={tiny_teacher}", "--set", "method.name=kd",
@@ -220,19 +222,28 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     result = distill(tmp_path / "student")
     assert result.returncode == 0, result.stderr
     assert "data.augment unset: kd learns from this small sentence-pair task's sentences paired anew" in result.stderr
-    assert "in the 8 steps the given pairs take" in result.stderr  # 64 pairs, batches of 16, 2 epochs
     metrics = json.loads(result.stdout)
-    assert 64 * 3 < metrics["train_examples_in_set"] <= 64 * 5 and metrics["teacher_forward_passes"] > 0
-    assert metrics["steps"] == 8 and metrics["epochs"] < 1  # a part of one pass over the ~5x set
-    assert metrics["eval_every_steps"] == 4  # scored after 4 steps, as the given pairs' epoch ends, not only at 8
+    in_set = metrics["train_examples_in_set"]
+    assert 64 * 3 < in_set <= 64 * 5 and metrics["teacher_forward_passes"] > 0
+    # 64 pairs, batches of 16, 2 epochs: 8 steps, half a pass over the ~5x set; 3 passes are more
+    assert metrics["steps"] == 3 * math.ceil(in_set / 16) > 8 and metrics["epochs"] == pytest.approx(3, abs=0.01)
+    assert f"in {metrics['steps']} steps: the given pairs' steps, and at least 3 passes over the pairs" in result.stderr
+    every = math.ceil(metrics["steps"] / 2)  # scored as often as the given pairs' 2 epoch ends would be
+    assert metrics["eval_every_steps"] == every
     log = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
-    assert [entry["step"] for entry in log if "eval" in entry] == [4, 8]
+    assert [entry["step"] for entry in log if "eval" in entry] == [every, metrics["steps"]]
     assert metrics["augment_by_rule"]["scheme"] == "pairs" and metrics["augment_by_rule"]["copies"] == 4
     assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False
     assert metrics["gold_labelled_examples"] == 64
     saved = yaml.safe_load((tmp_path / "student" / "config.yaml").read_text())
     assert saved["data"]["augment"] == PAIRS_RULE
     assert "paired anew by data.augment's default rule" in (tmp_path / "student" / "best" / "README.md").read_text()
+
+    earlier = distill(tmp_path / "earlier", "--set", f"data.augment={EARLIER_PAIRS_RULE}")  # a config saved before
+    assert earlier.returncode == 0, earlier.stderr
+    metrics = json.loads(earlier.stdout)
+    assert metrics["steps"] == 8 and metrics["train_examples_in_set"] == in_set and metrics["eval_every_steps"] == 4
+    assert "in 8 steps: the given pairs' steps (README" in earlier.stderr
 
     given = distill(tmp_path / "given", "--set", "data.augment=null")
     assert given.returncode == 0, given.stderr

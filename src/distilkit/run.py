@@ -24,8 +24,8 @@ from accelerate.utils import broadcast_object_list
 
 from distilkit.card import command_line, hub_id, model_origin, push_to_hub, write_card
 from distilkit.config import (
-    PAIRS_RULE,
     PAIRS_RULE_COPIES,
+    PAIRS_RULES,
     SMALL_SET_MIN_EXAMPLES,
     AugmentConfig,
     DataConfig,
@@ -113,20 +113,24 @@ def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int, teach
                 ) -> AugmentConfig | None:
     """data.augment, or where it is unset what the pairs rule (config.PAIRS_RULE) chooses for this task and method;
     `teacher_has_head`: the teacher has the task's head, to label new pairs."""
-    if config.data.augment != PAIRS_RULE:
+    if config.data.pairs_rule is None:
         return config.data.augment
     fires = (config.method.pairs_by_default and task.is_pair and not task.answer_spans
              and train_size < SMALL_SET_MIN_EXAMPLES and teacher_has_head and not config.data.unlabeled_file)
     return AugmentConfig(scheme="pairs", copies=PAIRS_RULE_COPIES) if fires else None
 
 
-def in_the_given_steps(config: ExperimentConfig, given_examples: int, accelerator=None) -> ExperimentConfig:
-    """The pairs rule's run makes the steps the given pairs would (config.PAIRS_RULE): the new pairs change what the
-    student sees, not how long it trains."""
+def in_the_rules_steps(config: ExperimentConfig, given_examples: int, set_examples: int,
+                       accelerator=None) -> ExperimentConfig:
+    """The pairs rule's run makes the steps the given pairs would, and at least the rule's passes over the whole set
+    (config.PAIRS_RULES): the new pairs change what the student sees, and on a larger task the given pairs' steps
+    see each pair too few times to learn from it."""
     if config.train.max_steps:
         return config
-    processes = accelerator.num_processes if accelerator is not None else 1
-    steps = total_steps(given_examples, config.train, smallest_batch(processes))
+    min_batch = smallest_batch(accelerator.num_processes if accelerator is not None else 1)
+    per_pass = steps_per_epoch(set_examples, config.train.batch_size, config.train.grad_accumulation, min_batch)
+    steps = max(total_steps(given_examples, config.train, min_batch),
+                math.ceil(PAIRS_RULES[config.data.pairs_rule] * per_pass))
     return config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
 
 
@@ -280,18 +284,20 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
             raise DataError("training examples need labels")
         # a transfer set leaves out every text that is scored (question-answering tasks build none)
         scored_texts = [e.texts for examples in scored.values() for e in examples] if teacher_labels else []
-        if augment is not None and config.data.augment == PAIRS_RULE:
-            config = in_the_given_steps(config, given, accelerator)
-            if accelerator is None or accelerator.is_main_process:
-                print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's "
-                      f"sentences paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the "
-                      f"teacher), in the {config.train.max_steps:,} steps the given pairs take (README, Choosing a "
-                      "method); set data.augment: null for the given pairs only", file=sys.stderr)
         if augment is not None:  # built once, under a file lock (a barrier's timeout ends long builds)
             train_examples = augmented_examples(train_examples, augment, augment.model or config.teacher.first,
                                                 cache_root(config.teacher.cache_dir),
                                                 accelerator.device if accelerator is not None else "cpu",
                                                 scored_texts)
+        if augment is not None and config.data.pairs_rule is not None:
+            config = in_the_rules_steps(config, given, len(train_examples), accelerator)
+            if accelerator is None or accelerator.is_main_process:
+                print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's "
+                      f"sentences paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the "
+                      f"teacher), in {config.train.max_steps:,} steps: the given pairs' steps"
+                      + (f", and at least {passes} passes over the pairs" if (passes := PAIRS_RULES[config.data.pairs_rule])
+                         else "") + " (README, Choosing a method); set data.augment: null for the given pairs only",
+                      file=sys.stderr)
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored_texts)
         if teacher_labels:
@@ -491,7 +497,7 @@ def _run_built(config: ExperimentConfig, accelerator, folder: OutputDir | Path) 
         **({} if getattr(run.train_data, "has_labels", False) else
            {"gold_labelled_examples": getattr(run.train_data, "gold_labelled", 0)}),
         **({"augment_by_rule": run.augment.model_dump() if run.augment else None}  # what data.augment's rule chose
-           if config.data.augment == PAIRS_RULE else {}),
+           if config.data.pairs_rule is not None else {}),
         # null: at each epoch's end; a transfer set's unset cadence is the given examples' (plans read it)
         "eval_every_steps": run.config.eval.every_steps,
         "final": {k: v for k, v in final_eval.items() if k != "step"},

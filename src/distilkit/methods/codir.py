@@ -45,7 +45,7 @@ S3-384 from the T6, 3 seeds paired (benchmarks/results/layer-cut): from layers 1
 runs the other cut.
 
 On a small sentence-pair task CoDIR learns from the task's own sentences paired anew as well, where data.augment is
-unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made), in the steps the given pairs take, as kd,
+unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made and how long the run is), as kd,
 TinyBERT, PKD and LRC do; the paper fine-tunes on the given pairs (the `codir` preset keeps them). The new pairs carry
 the teacher's output only: L_KD and L_CRD read every pair, L_CE is off by default (`ce_weight`, below), and with
 examples lacking a label the negatives are in-batch ones instead of label-aware (§3.3's fine-tuning choice needs

@@ -43,7 +43,7 @@ accuracy −1.9 ± 0.4 for a fifth, lower at every seed) and tied on SST-2 8k (+
 benchmarks/results/protocol-dev/ (group 3i). `first_stage_fraction: 0.8` forces the paper's on any task.
 
 On a small sentence-pair task LRC learns from the task's own sentences paired anew as well, where data.augment is
-unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made), in the steps the given pairs take, as kd,
+unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made and how long the run is), as kd,
 TinyBERT and PKD do; the paper trains on the given pairs (the `lrc` preset keeps them), adding TinyBERT's 20x
 augmentation for a first stage on RTE and CoLA only (the `lrc-small-task` plan). On STS-B, S3-384 from the
 T6's layers 2/4/6, 3 seeds paired (benchmarks/results/layer-cut, 2,160 steps either way): Pearson 0.8509 ± 0.0014,

@@ -17,8 +17,8 @@ lost to labels only on SST-2 8k (−1.7 ± 1.1 points) and STS-B (−0.7 ± 0.1)
 +0.5 ± 0.7 and +0.0 ± 0.1, and MRPC F1 +1.3 ± 0.6 (was +0.7 ± 0.3; benchmarks/results/protocol-dev, group 3g).
 
 On a small sentence-pair task PKD, as kd and TinyBERT, learns from the task's sentences paired anew as well where
-data.augment is unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made), in the steps the given pairs
-take: the teacher's [CLS] states and soft labels on new pairs are new targets, where the given pairs' are learned
+data.augment is unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made and how long the run
+is): the teacher's [CLS] states and soft labels on new pairs are new targets, where the given pairs' are learned
 by heart. S3-384 from a T6 teacher's layers, the same steps, 3 seeds (benchmarks/results/protocol-dev, 5r): STS-B
 Pearson 0.8515 ± 0.0028 against 0.8237 ± 0.0035 on the given pairs, **+2.8 ± 0.3 paired by seed** (same CPU and
 teacher; 100.3 % of the teacher); MRPC F1 0.8556 ± 0.0012 against 0.8357 ± 0.0045 (+2.0, accuracy +3.6; group 5 on

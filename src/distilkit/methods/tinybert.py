@@ -24,8 +24,8 @@ prediction data are mostly augmented, teacher-labelled copies). By default it fo
   gained 1.4 ± 0.2 Pearson points on STS-B (every seed), as the label term did for KD there.
 
 On a small sentence-pair task TinyBERT, as kd, learns from the task's sentences paired anew as well where
-data.augment is unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made), in the steps the given pairs
-take: the paper's prediction data are augmented too, there by word swaps. S3-384 from a T6 teacher's layers, 3 seeds,
+data.augment is unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made and how long the run
+is): the paper's prediction data are augmented too, there by word swaps. S3-384 from a T6 teacher's layers, 3 seeds,
 the same steps (benchmarks/results/protocol-dev, 5r, against group 5 on the given pairs; two kinds of Intel Xeon, so
 unpaired): STS-B Pearson 0.8424 ± 0.0009 against 0.8233 ± 0.0013 (+1.9), MRPC F1 0.8582 ± 0.0009 against 0.8466 ±
 0.0015 (+1.2; accuracy +2.6), 100.3 % of the teacher's F1 and above kd on the same pairs (F1 +0.3, +0.4, +0.2 by
