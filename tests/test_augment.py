@@ -16,6 +16,7 @@ from distilkit.data.tasks import named_task
 from distilkit.run import augment_for, run_experiment, scored_as_the_given
 from distilkit.train import augment as augment_module
 from distilkit.train.augment import Candidates, GloveNeighbours, altered_copy, augmented_examples, recombined_pairs
+from distilkit.train.distiller import steps_per_epoch
 from test_training import kd_config
 
 EXAMPLES = [Example(("the film was good and fun", "a dull story"), 1), Example(("boring plot", "really moving"), 0)]
@@ -226,8 +227,9 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     in_set = metrics["train_examples_in_set"]
     assert 64 * 3 < in_set <= 64 * 5 and metrics["teacher_forward_passes"] > 0
     # 64 pairs, batches of 16, 2 epochs: 8 steps, half a pass over the ~5x set; 3 passes are more
-    assert metrics["steps"] == 3 * math.ceil(in_set / 16) > 8 and metrics["epochs"] == pytest.approx(3, abs=0.01)
-    assert f"in {metrics['steps']} steps: the given pairs' steps, and at least 3 passes over the pairs" in result.stderr
+    assert metrics["steps"] == 3 * steps_per_epoch(in_set, 16, 1) > 8 and metrics["epochs"] == pytest.approx(3, abs=0.1)
+    said = f"in {metrics['steps']} steps (the given pairs' steps, and at least 3 passes over the pairs;"
+    assert said in result.stderr
     every = math.ceil(metrics["steps"] / 2)  # scored as often as the given pairs' 2 epoch ends would be
     assert metrics["eval_every_steps"] == every
     log = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
@@ -243,7 +245,7 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     assert earlier.returncode == 0, earlier.stderr
     metrics = json.loads(earlier.stdout)
     assert metrics["steps"] == 8 and metrics["train_examples_in_set"] == in_set and metrics["eval_every_steps"] == 4
-    assert "in 8 steps: the given pairs' steps (README" in earlier.stderr
+    assert "in 8 steps (the given pairs' steps; README" in earlier.stderr
 
     given = distill(tmp_path / "given", "--set", "data.augment=null")
     assert given.returncode == 0, given.stderr

@@ -2,7 +2,6 @@
 BM25 pairing, and both methods end to end through the CLI on tiny models."""
 
 import json
-import math
 import os
 
 import numpy as np
@@ -16,6 +15,7 @@ from distilkit.losses import smooth_inputs
 from distilkit.methods.text_smoothing import soft_word_embeddings
 from distilkit.models.features import FeatureRequest, encoder_features
 from distilkit.models.refbert import ReferenceAttention, References
+from distilkit.train.distiller import steps_per_epoch
 
 
 def dense(ids, weights, vocab):
@@ -343,7 +343,7 @@ def test_text_smoothing_learns_a_fine_tuned_teachers_soft_labels_on_the_pairs_by
     metrics = json.loads(result.stdout)
     assert metrics["resolved_defaults"]["kd_weight"] == 1.0 and metrics["augment_by_rule"]["scheme"] == "pairs"
     assert metrics["gold_labelled_examples"] == 64 < metrics["train_examples_in_set"]
-    assert metrics["steps"] == 3 * math.ceil(metrics["train_examples_in_set"] / 16)  # 3 passes: more than 1 epoch's 4
+    assert metrics["steps"] == 3 * steps_per_epoch(metrics["train_examples_in_set"], 16, 1)  # 3 passes, not 1 epoch's 4
     logged = [json.loads(line) for line in (tmp_path / "default" / "log.jsonl").read_text().splitlines()]
     assert any("loss/label" in r and "loss/kd" in r for r in logged)
 

@@ -227,7 +227,8 @@ class AugmentConfig(StrictModel):
 # the steps the given pairs would, and at least 3 passes over the whole set (train.max_steps unset): on MRPC (3,668
 # pairs) the given pairs' steps already pass over the pairs 3.6 times, and the default costs what distilling without
 # them does; on 8,000 pairs they pass 1.6 times, too few (kd at 3.2 passes: QQP F1 +1.5 ± 0.7, QNLI +0.4 ± 0.3; MRPC
-# at 1.6 passes -0.8 ± 0.4; evidence in methods/kd.py). Saved as these words, so that a run's config.yaml says what
+# at 1.6 passes -0.8 ± 0.4; evidence in methods/kd.py); train.epochs counts over the given pairs, under the floor, and
+# train.max_steps sets the length outright. Saved as these words, so that a run's config.yaml says what
 # it relied on and a changed rule is another value (as LENGTH_RULE); PAIRS_RULES maps each rule's words, the ones a
 # config saved by an earlier version names too, to the passes its runs make at least, so those runs rerun as they ran
 PAIRS_RULE = ("pairs on a small sentence-pair task, for a method that takes them, in the given pairs' steps and at "
@@ -269,8 +270,8 @@ class DataConfig(StrictModel):
     def _augment_or_the_rule(cls, value):
         if isinstance(value, str) and value not in PAIRS_RULES:
             raise ValueError(f"{value!r} is neither augmentation settings ({{scheme: pairs, copies: 4}}) nor today's "
-                             f"default ({PAIRS_RULE!r}; a config saved by another version of distilkit names its rule):"
-                             " set the settings, null for none, or leave it unset")
+                             f"default ({PAIRS_RULE!r}) nor an earlier version's rule (config.PAIRS_RULES): set the "
+                             "settings, null for none, or leave it unset")
         return value
 
     @property

@@ -122,9 +122,10 @@ def augment_for(config: ExperimentConfig, task: TaskSpec, train_size: int, teach
 
 def in_the_rules_steps(config: ExperimentConfig, given_examples: int, set_examples: int,
                        accelerator=None) -> ExperimentConfig:
-    """The pairs rule's run makes the steps the given pairs would, and at least the rule's passes over the whole set
-    (config.PAIRS_RULES): the new pairs change what the student sees, and on a larger task the given pairs' steps
-    see each pair too few times to learn from it."""
+    """The pairs rule's run makes the steps the given pairs would (train.epochs counted over them), and at least the
+    rule's passes over the whole set (config.PAIRS_RULES): the new pairs change what the student sees, and on a larger
+    task the given pairs' steps see each pair too few times to learn from it. train.max_steps sets the length
+    outright."""
     if config.train.max_steps:
         return config
     min_batch = smallest_batch(accelerator.num_processes if accelerator is not None else 1)
@@ -290,14 +291,15 @@ def build_run(config: ExperimentConfig, accelerator=None) -> BuiltRun:
                                                 accelerator.device if accelerator is not None else "cpu",
                                                 scored_texts)
         if augment is not None and config.data.pairs_rule is not None:
+            passes = PAIRS_RULES[config.data.pairs_rule]
+            length = ("train.max_steps" if config.train.max_steps else "the given pairs' steps"
+                      + (f", and at least {passes} passes over the pairs" if passes else ""))
             config = in_the_rules_steps(config, given, len(train_examples), accelerator)
             if accelerator is None or accelerator.is_main_process:
                 print(f"data.augment unset: {config.method.name} learns from this small sentence-pair task's "
                       f"sentences paired anew as well ({PAIRS_RULE_COPIES} new pairs per example, labelled by the "
-                      f"teacher), in {config.train.max_steps:,} steps: the given pairs' steps"
-                      + (f", and at least {passes} passes over the pairs" if (passes := PAIRS_RULES[config.data.pairs_rule])
-                         else "") + " (README, Choosing a method); set data.augment: null for the given pairs only",
-                      file=sys.stderr)
+                      f"teacher), in {config.train.max_steps:,} steps ({length}; README, Choosing a method); set "
+                      "data.augment: null for the given pairs only", file=sys.stderr)
         if config.data.unlabeled_file:
             train_examples = with_unlabeled(config, task, train_examples, scored_texts)
         if teacher_labels:

@@ -39,8 +39,9 @@ too few. kd at 3.2 passes against 1.6, 3 seeds paired (benchmarks/results/protoc
 0.7 (97.8 % of the teacher, from 95.8 %), QNLI +0.4 ± 0.3 (98.0 %), ahead at every seed; the development group
 agrees (layer-cut/epyc: MRPC at 1.6 passes F1 -0.8 ± 0.4 against 3.6, behind at every seed; protocol-dev: STS-B at
 3 passes, 1j, +0.1 ± 0.2 over 2.4, 1k; 5 passes gave STS-B +0.6 ± 0.1 more but MRPC -0.6 ± 0.5, 5p). So STS-B
-trains 2,676 steps, MRPC 2,070, 8,000 pairs 3,750 instead of 2,000. The run is scored as often as the given pairs' (after each pass's worth of steps over them, since
-2026-11-29; 1j's and 1k's figures were scored at the set's epoch ends only, lower bounds of what the rule gives).
+trains 2,676 steps, MRPC 2,070, 8,000 pairs 3,750 instead of 2,000. The run is scored as many times as the given pairs' run would be (once an epoch of theirs, spread over its
+steps, since 2026-11-29; 1j's and 1k's figures were scored at the set's epoch ends only, lower bounds of what the
+rule gives).
 At the given pairs' steps (1k, 3 seeds) STS-B 0.8511 ± 0.0009, 100.3 %; MRPC
 (5r) F1 0.8553 ± 0.0005 (100.0 %, 3 seeds; accuracy 0.7770 ± 0.0000); 5 epochs
 of the ~5x set, the rule's length the day before (5p: 4,460 and 2,865 steps, 2x and 1.4x the time), gave STS-B
