@@ -258,7 +258,7 @@ class DataConfig(StrictModel):
     max_eval_examples: int | None = Field(None, ge=1)
     corpus: CorpusConfig | None = None  # unlabeled text (with task.name: unlabeled)
     # an augmented transfer set for task distillation. Unset: PAIRS_RULE (above) decides; null: none
-    augment: AugmentConfig | Literal[PAIRS_RULE, EARLIER_PAIRS_RULE] | None = Field(PAIRS_RULE, validate_default=True)
+    augment: AugmentConfig | Literal[tuple(PAIRS_RULES)] | None = Field(PAIRS_RULE, validate_default=True)
     # in-domain texts without labels, in the task's file format (a label column is not read; a relative path is
     # looked up in the working folder, then under data.dir): added to the training examples, and the teacher labels
     # the whole set (Hinton et al.'s transfer set; what TinyBERT's and Tang et al.'s augmentation stand in for)
