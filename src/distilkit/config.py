@@ -410,7 +410,7 @@ def auto_precision() -> str:
 class TrainConfig(StrictModel):
     # unset (or null): LENGTH_RULE, DEFAULT_EPOCHS or more on a small set (SMALL_SET_MIN_EXAMPLES above); the run's
     # metrics record the epochs and steps it made. 5, not the usual 3: distilling a small student on GLUE-sized tasks (protocol-dev group
-    # 1c, S3-384, 3 seeds) 5 epochs never lost to 3 and turned kd's loss to labels only on STS-B (-0.5 ± 0.1 at 3)
+    # 1c, S3-384, 3 seeds) kd at 5 epochs never lost to 3 and turned its loss to labels only on STS-B (-0.5 ± 0.1 at 3)
     # into a tie, and its tie on MRPC into a win (F1 +0.8 ± 0.5): the teacher's soft targets need more steps than
     # labels do
     epochs: float | str | None = Field(None, validate_default=True)  # validated into a number or LENGTH_RULE

@@ -15,9 +15,11 @@ The label term is on by default (hard_weight 1 wherever the training set has gol
 unlabeled corpus or a teacher-labelled augmented set): without it the student learns only its teacher's
 mistakes. On the demo's budget (SST-2 8k, S3-384) soft labels alone lost to labels-only training with a
 1-epoch teacher (0.8135 vs 0.8234) and lost at one seed of three with a 2-epoch one; with the label term
-KD beat labels-only at every seed (benchmarks/results/demo-study, benchmarks/results/demo-kd; length-bucketed
-batches). With random packed batches (the default since) KD is level with labels only there (+0.0 ± 0.7
-points, whatever the temperature, soft weight or objective: benchmarks/results/demo-study2), and the demo
+KD beat labels-only at every seed with the 2-epoch teacher (+0.9, +1.4, +0.5) and was level with the 1- and
+3-epoch ones (+0.5, +0.5, −0.1 and +0.0, −0.1, −0.2; benchmarks/results/demo-study, benchmarks/results/demo-kd;
+length-bucketed batches). With random packed batches (the default since) KD at T 2 is level with labels only there
+(+0.0 ± 0.7 points; its records in git at e5fb96a), and no temperature, soft weight or objective lifts it past one
+sd (T 4 +0.3 ± 1.1, soft weight 2 +0.4 ± 1.1, logit MSE +0.5 ± 1.0: benchmarks/results/demo-study2), so the demo
 distils with TinyBERT instead.
 
 On regression (STS-B, S3-384, 3 seeds, benchmarks/results/protocol-dev) both terms are MSE, to the gold score
@@ -29,7 +31,8 @@ and to the teacher's, and on the training pairs the teacher's score is the gold 
 On a small sentence-pair task kd learns from the task's own sentences paired anew as well, where data.augment is
 unset (config.PAIRS_RULE: fewer than 64,000 training pairs; 4 new pairs per example, each sentence with those BM25
 ranks most like it, AugSBERT's sampling; the teacher scores every pair, and kd's label term stays off there as on
-any teacher-labelled set). S3-384 from a T6 teacher, 3 seeds paired (benchmarks/results/protocol-dev, 1j, 1k):
+any teacher-labelled set). S3-384 from a T6 teacher's layers 2/4/6 (the cut before 2026-12-01), 3 seeds paired
+(benchmarks/results/protocol-dev, 1j, 1k):
 STS-B 0.8518 ± 0.0012 Pearson, 100.4 % of the teacher, +2.7 ± 0.3 over kd on the given pairs at the same steps;
 MRPC F1 0.8608 ± 0.0045, 100.6 %, +1.5 ± 0.7 over TinyBERT-style altered copies. The label term on the originals
 added nothing there (1l: STS-B +0.0 ± 0.3, MRPC F1 -1.1 ± 0.6). The rule's run makes the steps the given pairs take
@@ -47,9 +50,10 @@ At the given pairs' steps (1k, 3 seeds) STS-B 0.8511 ± 0.0009, 100.3 %; MRPC
 of the ~5x set, the rule's length the day before (5p: 4,460 and 2,865 steps, 2x and 1.4x the time), gave STS-B
 0.8568 ± 0.0005 (101.0 %) and MRPC F1 0.8544 ± 0.0008 (99.8 %, below 1j's 1,719 steps by 0.6 ± 0.5). A new pair is
 a new input the teacher knows and the student has not seen; a one-text task has no pairs to make (its unlabelled
-text: data.unlabeled_file). TinyBERT, PKD, LRC and CoDIR take them by default too (their docstrings: over themselves
-on the given pairs at the same steps, TinyBERT +1.9 Pearson on STS-B and +1.2 F1 on MRPC, PKD +2.8 ± 0.3 and +2.0,
-LRC +2.6 ± 0.3 on STS-B, CoDIR +2.7 ± 0.2 on STS-B).
+text: data.unlabeled_file). TinyBERT, PKD, LRC, CoDIR and Text Smoothing with its soft-label term take them by
+default too (their docstrings: over themselves on the given pairs at the same steps, TinyBERT +1.9 Pearson on STS-B
+and +1.2 F1 on MRPC, PKD +2.8 ± 0.3 and +2.0, LRC +2.6 ± 0.3 on STS-B, CoDIR +2.7 ± 0.2 on STS-B from layers
+2/4/6).
 
 Several teachers (teacher.models, weights teacher.weights): zᵀ is their weighted mean logits, whose
 softened distribution is the weighted geometric mean of theirs (Hinton §1's ensemble targets;

@@ -47,7 +47,7 @@ unset (config.PAIRS_RULE; methods/kd.py says how the pairs are made and how long
 TinyBERT and PKD do; the paper trains on the given pairs (the `lrc` preset keeps them), adding TinyBERT's 20x
 augmentation for a first stage on RTE and CoLA only (the `lrc-small-task` plan). On STS-B, S3-384 from the
 T6's layers 2/4/6, 3 seeds paired (benchmarks/results/layer-cut, 2,160 steps either way): Pearson 0.8509 ± 0.0014,
-100.0 % of the teacher, +2.6 ± 0.3 over LRC on the given pairs (ahead at every seed) and +1.0 ± 0.6 over labels only
+100.1 % of the teacher, +2.6 ± 0.3 over LRC on the given pairs (ahead at every seed) and +1.0 ± 0.6 over labels only
 from layers 1/2/3, which LRC on the given pairs trailed by 1.5 ± 0.5. MRPC (2,070 steps, 3 seeds): F1 0.8584 ± 0.0032,
 99.8 % of the teacher's, +2.8 ± 0.4 over labels only from 1/2/3 (accuracy +4.7 ± 0.4); at seed 42 F1 0.8590 against
 0.8553 on the given pairs (accuracy 0.7843 against 0.7745). The new pairs carry

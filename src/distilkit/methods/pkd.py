@@ -33,7 +33,7 @@ default until 2026-12-05 (an AMD EPYC; benchmarks/results/layer-cut/epyc, `{task
 `{task}-pkd-uniform`): STS-B Pearson +0.4 ± 0.1, ahead at every seed (100.4 % of the teacher); MRPC F1 −0.2 ± 1.0, a
 tie within one sd (+0.9, −0.3, −1.2; 99.5 % of the T6; accuracy −1.0 ± 1.5). Confirmed on QNLI 8,000
 (protocol-confirm/epyc): +0.7 ± 0.5 accuracy, ahead at every seed, +2.0 ± 0.5 over labels only (96.8 % of the teacher,
-against 96.0 %); PKD stays the QNLI default furthest from its teacher (TinyBERT 97.6 %), for reasons not yet found.
+against 96.0 %); PKD stays the QNLI default furthest from its teacher (kd 97.5 %, the next), for reasons not yet found.
 Runs recorded before the field existed ran 1 − α; a plan redoes them (MethodParams.rule_defaults_since_added).
 
 The paper starts its students from the teacher's first k layers; a student cut from the teacher here copies every

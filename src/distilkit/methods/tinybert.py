@@ -13,7 +13,8 @@ runs soft-label KD plus projected hidden MSE this way), and `intermediate_fracti
 The layer map defaults to uniform "every k-th" (g(m) = 3m for 12 → 4 layers), and a student cut from the teacher
 copies the same layers (student_cut "uniform"): the T6 gathers the sentence into [CLS] only in its top layer, which
 layers 1/2/3 never reach, and from them TinyBERT lost 2.8 ± 0.5 points on SST-2 8k at the demo's budget (3 seeds,
-benchmarks/results/demo-study2), while labels only and kd gain from them (benchmarks/results/layer-cut).
+benchmarks/results/demo-study2), while labels only and kd gain from them on STS-B and MRPC and tie on SST-2
+(benchmarks/results/layer-cut).
 `hard_weight` adds the task's own loss on gold labels to the prediction stage (eq. 10 has none: TinyBERT's
 prediction data are mostly augmented, teacher-labelled copies). By default it follows what the head predicts:
 - classes: 0, the paper's. The teacher's distribution carries more than the label, and the label term lowered
