@@ -339,5 +339,14 @@ def test_export_says_how_far_int8_keeps_fp32_and_evaluate_scores_each_format(tin
         assert scored.returncode == 0, scored.stderr
         scores[json.loads(scored.stdout)["format"]] = json.loads(scored.stdout)["metrics"]["dev"]["accuracy"]
     assert set(scores) == {"pytorch", "onnx_fp32", "onnx_int8"} and scores["onnx_fp32"] == scores["pytorch"]
+    # the tiny model predicts one class on all of dev, so equal accuracy says little: ONNX fp32 gives PyTorch's logits
+    from distilkit.export import inference_model
+    from distilkit.models.features import FeatureRequest
+
+    tokenizer = BertTokenizerFast.from_pretrained(exported)
+    batch = dict(tokenizer(["a fine film", "a dull , tired plot"], padding=True, return_tensors="pt"))
+    with torch.no_grad():
+        pytorch = inference_model(exported).features(batch, FeatureRequest(logits=True)).logits
+    assert torch.allclose(inference_model(exported, onnx=True).features(batch).logits, pytorch, atol=1e-4)
     refused = cli("evaluate", str(exported), "--data", str(glue_dir), "--int8", "--precision", "bf16")
     assert refused.returncode == 2 and "an ONNX file runs in its own precision" in refused.stderr

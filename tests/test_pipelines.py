@@ -119,6 +119,15 @@ def test_codir_pre_on_a_corpus_then_codir_fine_tuning_from_it(tmp_path, tiny_mlm
                                  "method": {"negatives": 10},
                                  "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
                                  "output": {"dir": str(tmp_path / "fine")}})
+    # the task student starts from the pre-trained one's encoder, not from a fresh cut
+    from safetensors.torch import load_file
+
+    from distilkit.run import build_run
+
+    saved = load_file(tmp_path / "pre" / "final" / "model.safetensors")
+    started = build_run(build_config(fine)).student.model.state_dict()
+    encoder = [k for k in saved if k.startswith(("embeddings.", "encoder.layer."))]  # saved as a bare encoder
+    assert encoder and all(torch.equal(started[f"bert.{k}"], saved[k]) for k in encoder)
     assert "accuracy" in run_experiment(build_config(fine))["final"]["dev"]
 
 
@@ -281,7 +290,7 @@ def tiny_version(config: dict, out: Path, models: dict, data: dict) -> dict:
     student = config.get("student") or {}
     task = (config.get("task") or {}).get("name", "mrpc")
     method = (config.get("method") or {}).get("name")  # a plan's cell may take it from an axis
-    changes: dict = {"train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
+    changes: dict = {"train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no", "log_every": 1},
                      "output": {"dir": str(out)}}
     if student.get("kind") == "bilstm":
         changes["student"] = {"options": {"hidden": 8, "head_hidden": 8, "embedding_dim": 16}}
@@ -322,13 +331,29 @@ def tiny_world(tmp_path, glue_dir, tiny_base_model, tiny_teacher, tiny_mlm_teach
     return models, data
 
 
+# the loss terms each preset trains in its first 2 steps (a preset whose method settings were dropped on the way
+# would log others): Tang et al.'s logit MSE alone; LRC's first stage is its COS-NCE alone; Text Smoothing's preset is
+# the paper's recipe (labels only, on smoothed input); RefBERT's task stage is TinyBERT's four terms
+PRESET_TERMS = {
+    "bilstm-kd-tang-mrpc": {"soft"}, "codir": {"ce", "crd", "kd"}, "codir-pretrain": {"crd", "kd", "mlm"},
+    "kd-squad": {"hard", "soft"}, "kd-sst2": {"hard", "soft"}, "lrc": {"transformer"},
+    "pkd-sst2": {"hard", "patient", "soft"}, "refbert-sst2": {"attention", "embedding", "hidden", "prediction"},
+    "teacher-squad": {"label"}, "teacher-sst2": {"label"}, "text-smoothing-sst2": {"label"},
+    "tinybert-sst2": {"attention", "embedding", "hidden", "prediction"},
+}
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_preset_runs_end_to_end_on_tiny_data(name, tmp_path, tiny_world):
     config = tiny_version(yaml.safe_load((PRESETS / f"{name}.yaml").read_text()), tmp_path / name, *tiny_world)
     metrics = run_experiment(build_config(config))
     assert metrics["steps"] == 2 and (tmp_path / name / "final").is_dir()
-    shipped_task = (yaml.safe_load((PRESETS / f"{name}.yaml").read_text()).get("task") or {}).get("name", "mrpc")
-    assert build_config(config).task.name == shipped_task
+    shipped = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    assert metrics["method"] == shipped["method"]["name"]
+    # the run trained on the preset's own terms: a method setting dropped on the way would leave one out
+    logged = {k for line in (tmp_path / name / "log.jsonl").read_text().splitlines()
+              for k in json.loads(line) if k.startswith("loss/")}
+    assert logged == {f"loss/{term}" for term in PRESET_TERMS[name]}, logged
 
 
 SHIPPED_PLANS = sorted(p.stem for p in (PRESETS / "plans").glob("*.yaml") if p.stem != "demo")  # demo: test_plans

@@ -113,13 +113,22 @@ def test_sra_distillation_then_fine_tuning_with_kd(tmp_path, tiny_base_model, ti
     reduced = pca_embeddings(AutoModel.from_pretrained(tiny_base_model).get_input_embeddings().weight, 16)
     assert reduced.shape[1] == 16 and reduced[:, 0].var() >= reduced[:, 1].var() >= reduced[:, 15].var()
 
+    from safetensors.torch import load_file
+
+    from distilkit.run import build_run
+
+    saved = load_file(tmp_path / "sra" / "final" / "model.safetensors")
     for method in ({"name": "finetune"}, {"name": "kd", "objective": "logit_mse", "hard_weight": 0.5}):
-        tuned = run_experiment(build_config({
+        config = build_config({
             "task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 64},
             "teacher": {"model": str(tiny_teacher)},
             "student": {"kind": "bilstm", "init": "pretrained", "pretrained": str(tmp_path / "sra" / "final")},
             "method": method, "train": {"epochs": 1, "batch_size": 16, "mixed_precision": "no"},
-            "output": {"dir": str(tmp_path / method["name"])}}))
+            "output": {"dir": str(tmp_path / method["name"])}})
+        # fine-tuning starts from the SRA student's embeddings and BiLSTM, not a fresh one
+        started = build_run(config).student.state_dict()
+        assert any("lstm" in k for k in saved) and all(torch.equal(started[k], v) for k, v in saved.items())
+        tuned = run_experiment(config)
         assert "accuracy" in tuned["final"]["dev"]
     assert any("loss/soft" in line for line in (tmp_path / "kd" / "log.jsonl").read_text().splitlines())
 
