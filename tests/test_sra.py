@@ -157,6 +157,28 @@ def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):
         assert result.returncode == 0, result.stderr
         scores = json.loads(result.stdout)
         assert scores["pairs"] == 16 and -1 <= scores["spearman"] <= 1
+    # the encoder's figure, worked out here: Spearman of the gold scores against the cosines of mean-pooled sentences
+    from scipy.stats import spearmanr
+    from transformers import AutoModel
+
+    from distilkit.config import DataConfig
+    from distilkit.data.readers import read_split
+    from distilkit.data.tasks import glue_task
+
+    pairs = read_split(glue_task("stsb"), "dev", DataConfig(dir=str(glue_dir)))
+    tokenizer, encoder = BertTokenizerFast.from_pretrained(tiny_base_model), AutoModel.from_pretrained(tiny_base_model)
+
+    def mean_pooled(texts):
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+        with torch.no_grad():
+            hidden = encoder(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    cosines = torch.nn.functional.cosine_similarity(mean_pooled([p.texts[0] for p in pairs]),
+                                                    mean_pooled([p.texts[1] for p in pairs]))
+    expected = spearmanr(cosines.numpy(), [p.label for p in pairs])[0]
+    assert scores["spearman"] == pytest.approx(expected, abs=1e-4)
 
 
 def test_best_threshold_by_hand():
