@@ -66,6 +66,12 @@ def quiet_libraries():
         (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
+def logged_loss_terms(run_dir: Path) -> set[str]:
+    """The loss terms a run logged (`loss/<term>` keys of its log.jsonl), without the prefix."""
+    return {key.removeprefix("loss/") for line in (run_dir / "log.jsonl").read_text().splitlines()
+            for key in json.loads(line) if key.startswith("loss/")}
+
+
 def cli(*args, env: dict | None = None) -> CliResult:
     """`distilkit ARGS`, run in this process: the CLI's own code without a new process's ~7 s of imports. Tests of
     the process itself (`python -m distilkit`, signals, torchrun) start one. `env` reaches what reads the environment

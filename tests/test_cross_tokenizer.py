@@ -17,7 +17,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-from conftest import FILLER, SPECIAL, cli
+from conftest import FILLER, SPECIAL, cli, logged_loss_terms
 from distilkit.config import build_config
 from distilkit.data.dataset import teacher_inputs
 from distilkit.evaluate import profile
@@ -119,10 +119,8 @@ def test_methods_on_logits_and_pooled_states_run_across_tokenizers(glue_dir, tin
     metrics = run_experiment(build_config(cross_config(glue_dir, tiny_teacher, spelling_student, tmp_path / "out",
                                                        method)))
     assert metrics["steps"] == 4 and metrics["teacher_forward_passes"] > 0
-    logged = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
-    terms = {key for record in logged for key in record if key.startswith("loss/")}
-    assert terms >= {"pkd": {"loss/patient", "loss/soft"}, "codir": {"loss/crd", "loss/kd"},
-                     "tinybert": {"loss/prediction"}}[method["name"]]
+    assert logged_loss_terms(tmp_path / "out") >= {"pkd": {"patient", "soft"}, "codir": {"crd", "kd"},
+                                                   "tinybert": {"prediction"}}[method["name"]]
 
 
 @pytest.mark.parametrize("method", [{"name": "kd"}, {"name": "pkd"}, {"name": "codir", "negatives": 8}])

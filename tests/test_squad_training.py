@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from conftest import cli, write_squad
+from conftest import cli, logged_loss_terms, write_squad
 from distilkit import losses
 from distilkit.config import DataConfig, build_config
 from distilkit.data.qa_windows import QADataset
@@ -79,8 +79,7 @@ def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_tea
     assert set(scores) == {"exact_match", "f1", "total"} and scores["total"] == 16 and 0 <= scores["exact_match"] <= scores["f1"] <= 100
     logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert all(np.isfinite(entry["loss"]) for entry in logged if "loss" in entry)
-    logged_terms = {k.removeprefix("loss/") for entry in logged for k in entry if k.startswith("loss/")}
-    assert logged_terms == terms
+    assert logged_loss_terms(tmp_path / "run") == terms
     if method["name"] == "text_smoothing":  # λ 0.5 lost 4.2 EM on SQuAD, 0.8 0.7 (benchmarks/results/squad)
         assert metrics["resolved_defaults"]["lam"] == 0.8
         if "kd_weight" not in method:
