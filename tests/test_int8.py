@@ -17,6 +17,7 @@ from distilkit.export import (
     OnnxStudent,
     calibration_feeds,
     export_onnx,
+    inference_model,
     int8_agreement,
     int8_check,
     layer_groups,
@@ -340,7 +341,6 @@ def test_export_says_how_far_int8_keeps_fp32_and_evaluate_scores_each_format(tin
         scores[json.loads(scored.stdout)["format"]] = json.loads(scored.stdout)["metrics"]["dev"]["accuracy"]
     assert set(scores) == {"pytorch", "onnx_fp32", "onnx_int8"} and scores["onnx_fp32"] == scores["pytorch"]
     # the tiny model predicts one class on all of dev, so equal accuracy says little: ONNX fp32 gives PyTorch's logits
-    from distilkit.export import inference_model
     from distilkit.models.features import FeatureRequest
 
     tokenizer = BertTokenizerFast.from_pretrained(exported)

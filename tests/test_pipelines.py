@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from conftest import logged_loss_terms
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
 from distilkit.plans import Plans, load_plan
-from distilkit.run import run_experiment
+from distilkit.run import build_run, run_experiment
 from test_corpus import write_corpus
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "distilkit" / "presets"
@@ -121,15 +122,12 @@ def test_codir_pre_on_a_corpus_then_codir_fine_tuning_from_it(tmp_path, tiny_mlm
                                  "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
                                  "output": {"dir": str(tmp_path / "fine")}})
     # the task student starts from the pre-trained one's encoder, not from a fresh cut
-    from safetensors.torch import load_file
-
-    from distilkit.run import build_run
-
+    fine = build_config(fine)
     saved = load_file(tmp_path / "pre" / "final" / "model.safetensors")
-    started = build_run(build_config(fine)).student.model.state_dict()
+    started = build_run(fine).student.model.state_dict()
     encoder = [k for k in saved if k.startswith(("embeddings.", "encoder.layer."))]  # saved as a bare encoder
     assert encoder and all(torch.equal(started[f"bert.{k}"], saved[k]) for k in encoder)
-    assert "accuracy" in run_experiment(build_config(fine))["final"]["dev"]
+    assert "accuracy" in run_experiment(fine)["final"]["dev"]
 
 
 def test_codir_pre_mlm_only_stage_runs_no_teacher(tmp_path, tiny_mlm_teacher, monkeypatch):
@@ -227,10 +225,7 @@ def test_refbert_general_distillation_on_a_corpus_then_task_distillation(tmp_pat
           "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
           "output": {"dir": str(tmp_path / "td")}}
     # the task student starts with the general student's learned reference projections (W_K, W_V of eq. 19-20)
-    from safetensors.torch import load_file
-
     from distilkit.models.student import load_student
-    from distilkit.run import build_run
 
     general = {k: v for k, v in load_file(tmp_path / "gd" / "final" / "model.safetensors").items() if "reference_" in k}
     task_student = build_run(build_config(td)).student.model.state_dict()

@@ -165,7 +165,6 @@ def test_untuned_similarity_cli(tmp_path, glue_dir, tiny_base_model):
 
     from distilkit.config import DataConfig
     from distilkit.data.readers import read_split
-    from distilkit.data.tasks import glue_task
 
     pairs = read_split(glue_task("stsb"), "dev", DataConfig(dir=str(glue_dir)))
     tokenizer, encoder = BertTokenizerFast.from_pretrained(tiny_base_model), AutoModel.from_pretrained(tiny_base_model)
