@@ -66,10 +66,14 @@ def quiet_libraries():
         (hf_logging.enable_progress_bar if bars else hf_logging.disable_progress_bar)()
 
 
+def read_log(run_dir: Path) -> list[dict]:
+    """A run's log.jsonl, one dict a line."""
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
 def logged_loss_terms(run_dir: Path) -> set[str]:
     """The loss terms a run logged (`loss/<term>` keys of its log.jsonl), without the prefix."""
-    return {key.removeprefix("loss/") for line in (run_dir / "log.jsonl").read_text().splitlines()
-            for key in json.loads(line) if key.startswith("loss/")}
+    return {key.removeprefix("loss/") for entry in read_log(run_dir) for key in entry if key.startswith("loss/")}
 
 
 def cli(*args, env: dict | None = None) -> CliResult:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import cli
+from conftest import cli, read_log
 from distilkit.config import EARLIER_PAIRS_RULE, PAIRS_RULE, AugmentConfig, build_config, dump_config
 from distilkit.data.readers import DataError, Example
 from distilkit.data.tasks import named_task
@@ -232,7 +232,7 @@ def test_kd_on_a_small_pair_task_learns_from_its_sentences_paired_anew_by_defaul
     assert said in result.stderr
     every = math.ceil(metrics["steps"] / 2)  # scored as often as the given pairs' 2 epoch ends would be
     assert metrics["eval_every_steps"] == every
-    log = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "student")
     assert [entry["step"] for entry in log if "eval" in entry] == [every, metrics["steps"]]
     assert metrics["augment_by_rule"]["scheme"] == "pairs" and metrics["augment_by_rule"]["copies"] == 4
     assert "f1" in metrics["final"]["dev"] and metrics["gold_labels"] is False

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import cli
+from conftest import cli, read_log
 from distilkit import losses
 from distilkit.config import load_config, method_params
 from distilkit.data.tasks import glue_task
@@ -635,7 +635,7 @@ def test_two_processes_give_the_one_process_loss_on_the_same_global_batch(tmp_pa
         rows = single["grad"][rank * 3:(rank + 1) * 3, :result["grad"].shape[1]]
         assert torch.allclose(result["grad"], 2 * rows, atol=1e-6)
         assert torch.equal(result["memory"], single["memory"])  # both banks saw every positive
-    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "run")
     assert {"loss/transformer", "loss/hard"} <= set().union(*logged)
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 4
 
@@ -662,7 +662,7 @@ output: {{dir: {tmp_path / 'out'}}}
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert metrics["steps"] == 12
-    logged = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "out")
     terms = set().union(*(k for k in logged if "loss" in k))
     expected = {"loss/transformer", "loss/soft", "loss/hard"} if "lrc" in method else {
         "loss/ce", "loss/kd", "loss/crd"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from conftest import FILLER, NEGATIVE, POSITIVE
+from conftest import FILLER, NEGATIVE, POSITIVE, read_log
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus, corpus_example_id
 from distilkit.data.masking import IGNORE_INDEX, MaskedBatches, mask_tokens
@@ -179,7 +179,7 @@ def test_general_distillation_then_task_distillation(tmp_path, tiny_base_model, 
     corpus = write_corpus(tmp_path / "wiki" / "c.txt", documents=80)
     metrics = run_experiment(build_config(gd_config(corpus, tiny_base_model, tmp_path / "gd")))
     assert metrics["steps"] == 12 and metrics["best"]["metric"] == "heldout_loss"
-    log = [json.loads(line) for line in (tmp_path / "gd" / "log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "gd")
     held = [r["eval"]["heldout"]["heldout_loss"] for r in log if "eval" in r]
     assert len(held) == 2 and held[1] < held[0]  # the student learns to imitate the teacher on unseen text
     assert metrics["best"]["score"] == min(held)

@@ -16,7 +16,7 @@ import yaml
 from safetensors.torch import load_file
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from conftest import tiny_bert_config, write_glue
+from conftest import read_log, tiny_bert_config, write_glue
 from distilkit.config import build_config, load_config
 from distilkit.run import run_experiment
 
@@ -54,7 +54,7 @@ def small_glue(tmp_path) -> Path:
 
 
 def logged_losses(out: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
+    return [r["loss"] for r in read_log(out) if "loss" in r]
 
 
 # settings ---------------------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ layer copying, and a cold vs warm teacher cache.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ from safetensors.torch import load_file
 from tiny_families import FAMILY_NAMES, save_family_model, tokenizer_for
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from conftest import cli, write_glue
+from conftest import cli, read_log, write_glue
 from distilkit.config import StudentConfig, build_config
 from distilkit.data.tasks import glue_task
 from distilkit.models import student as student_module
@@ -136,7 +135,7 @@ def test_family_as_pretrained_student_of_bert_teacher(family, family_teachers, f
 
 
 def _losses(run_dir) -> list[dict]:
-    return [record for record in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "loss" in record]
+    return [record for record in read_log(run_dir) if "loss" in record]
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -13,6 +13,7 @@ from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 from conftest import logged_loss_terms
 from distilkit.config import build_config
 from distilkit.data.corpus import TextCorpus
+from distilkit.models.student import load_student
 from distilkit.plans import Plans, load_plan
 from distilkit.run import build_run, run_experiment
 from test_corpus import write_corpus
@@ -214,8 +215,6 @@ def test_refbert_general_distillation_on_a_corpus_then_task_distillation(tmp_pat
                             "reference_max_length": 16})
     metrics = run_experiment(build_config(gd))
     assert metrics["steps"] == 2
-    import json
-
     info = json.loads((tmp_path / "gd" / "final" / "references" / "meta.json").read_text())["info"]
     assert info["references"] > 0 and info["corpus"] == str(references)
     td = {"task": {"name": "sst2"}, "data": {"dir": str(glue_dir), "max_length": 32, "max_train_examples": 32},
@@ -225,13 +224,12 @@ def test_refbert_general_distillation_on_a_corpus_then_task_distillation(tmp_pat
           "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
           "output": {"dir": str(tmp_path / "td")}}
     # the task student starts with the general student's learned reference projections (W_K, W_V of eq. 19-20)
-    from distilkit.models.student import load_student
-
     general = {k: v for k, v in load_file(tmp_path / "gd" / "final" / "model.safetensors").items() if "reference_" in k}
-    task_student = build_run(build_config(td)).student.model.state_dict()
+    td_config = build_config(td)
+    task_student = build_run(td_config).student.model.state_dict()
     assert general and all(torch.equal(task_student[f"bert.{k}"], v) for k, v in general.items())
     load_student(tmp_path / "gd" / "final")  # the general student reloads (a bare encoder with references)
-    assert "accuracy" in run_experiment(build_config(td))["final"]["dev"]
+    assert "accuracy" in run_experiment(td_config)["final"]["dev"]
 
 
 def test_refbert_on_a_corpus_needs_text_references(tmp_path, tiny_base_model):

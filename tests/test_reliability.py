@@ -19,7 +19,7 @@ from filelock import FileLock
 from safetensors.torch import load_file
 from transformers import BertForSequenceClassification, BertTokenizerFast
 
-from conftest import Crash, cli, crash_after_checkpoint, make_tokenizer, tiny_bert_config
+from conftest import Crash, cli, crash_after_checkpoint, make_tokenizer, read_log, tiny_bert_config
 from distilkit.config import build_config
 from distilkit.data.readers import DataError
 from distilkit.run import RunError, build_run, run_experiment
@@ -337,7 +337,7 @@ def test_cache_filled_by_other_methods_gives_the_same_run_as_an_empty_cache(tmp_
         config["teacher"]["cache_dir"] = str(cache)
         metrics = run_experiment(build_config(config))
         assert metrics["teacher_forward_passes"] > 0  # the warm cache lacked the attention scores
-        log = [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        log = read_log(tmp_path / name)
         results[name] = ([r for r in log if "loss" in r], final_weights(tmp_path / name))
     assert results["warm"][0] == results["cold"][0]
     assert same_weights(results["warm"][1], results["cold"][1])
@@ -474,7 +474,7 @@ def test_resumed_run_logs_each_step_once(tmp_path, glue_dir, tiny_teacher, monke
     run_experiment(build_config(config))
 
     def steps(name):
-        return [json.loads(line)["step"] for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        return [entry["step"] for entry in read_log(tmp_path / name)]
 
     assert steps("crashed") == steps("whole")
     assert same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "crashed"))

@@ -10,7 +10,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
-from conftest import cli
+from conftest import cli, read_log
 from distilkit.losses import smooth_inputs
 from distilkit.methods.text_smoothing import soft_word_embeddings
 from distilkit.models.features import FeatureRequest, encoder_features
@@ -201,7 +201,7 @@ def test_cli_text_smoothing_with_kd_and_smooth_samples(tmp_path, glue_dir, tiny_
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert metrics["method"] == "text_smoothing" and "accuracy" in metrics["final"]["dev"]
-    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    logged = read_log(out)
     assert any("loss/label" in r and "loss/kd" in r for r in logged)
     assert metrics["resolved_defaults"]["label_weight"] == 1.0  # every example has its gold label
 
@@ -344,12 +344,12 @@ def test_text_smoothing_learns_a_fine_tuned_teachers_soft_labels_on_the_pairs_by
     assert metrics["resolved_defaults"]["kd_weight"] == 1.0 and metrics["augment_by_rule"]["scheme"] == "pairs"
     assert metrics["gold_labelled_examples"] == 64 < metrics["train_examples_in_set"]
     assert metrics["steps"] == 3 * steps_per_epoch(metrics["train_examples_in_set"], 16, 1)  # 3 passes, not 1 epoch's 4
-    logged = [json.loads(line) for line in (tmp_path / "default" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "default")
     assert any("loss/label" in r and "loss/kd" in r for r in logged)
 
     paper = distill(tmp_path / "paper", "--set", "method.kd_weight=0")
     assert paper.returncode == 0, paper.stderr
     metrics = json.loads(paper.stdout)
     assert metrics["augment_by_rule"] is None and metrics["train_examples_in_set"] == 64 and metrics["steps"] == 4
-    logged = [json.loads(line) for line in (tmp_path / "paper" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "paper")
     assert any("loss/label" in r for r in logged) and not any("loss/kd" in r for r in logged)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from conftest import cli, logged_loss_terms, write_squad
+from conftest import cli, logged_loss_terms, read_log, write_squad
 from distilkit import losses
 from distilkit.config import DataConfig, build_config
 from distilkit.data.qa_windows import QADataset
@@ -77,7 +77,7 @@ def test_every_method_distils_a_squad_teacher(tmp_path, squad_files, tiny_qa_tea
         "output": {"dir": str(tmp_path / "run")}}))
     scores = metrics["final"]["dev"]
     assert set(scores) == {"exact_match", "f1", "total"} and scores["total"] == 16 and 0 <= scores["exact_match"] <= scores["f1"] <= 100
-    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "run")
     assert all(np.isfinite(entry["loss"]) for entry in logged if "loss" in entry)
     assert logged_loss_terms(tmp_path / "run") == terms
     if method["name"] == "text_smoothing":  # λ 0.5 lost 4.2 EM on SQuAD, 0.8 0.7 (benchmarks/results/squad)

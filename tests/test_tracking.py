@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import crash_after_checkpoint
+from conftest import crash_after_checkpoint, read_log
 from distilkit.config import ConfigError, build_config
 from distilkit.run import run_experiment
 
@@ -25,8 +25,7 @@ def kd_config(glue_dir, teacher, out, report_to) -> dict:
 def logged(out: Path) -> dict[str, dict[int, float]]:
     """log.jsonl as tracker keys: train/<key> and eval/<split>/<metric>, step -> value."""
     series: dict = {}
-    for line in (out / "log.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_log(out):
         if "eval" in record:
             values = {f"eval/{split}/{m}": v for split, ms in record["eval"].items() for m, v in ms.items()}
         else:

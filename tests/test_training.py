@@ -9,7 +9,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import cli, crash_after_checkpoint
+from conftest import cli, crash_after_checkpoint, read_log
 from distilkit import machine
 from distilkit.config import build_config
 from distilkit.run import RunError, run_experiment
@@ -58,7 +58,7 @@ output: {{dir: {tmp_path / 'student'}}}
         assert (tmp_path / "student" / name).is_file(), name
     # kd trains on outputs: the student copies the teacher's first layers (config.MethodParams.student_cut)
     assert yaml.safe_load((tmp_path / "student" / "config.yaml").read_text())["student"]["layer_selection"] == "first"
-    logged = [json.loads(line) for line in (tmp_path / "student" / "log.jsonl").read_text().splitlines()]
+    logged = read_log(tmp_path / "student")
     assert any("loss/soft" in record for record in logged)
 
     result = cli("evaluate", str(tmp_path / "student" / "final"), env=env)
