@@ -240,7 +240,7 @@ class Distiller:
     def __init__(self, *, config, task, student, method, teacher_source, train_data, eval_data, out_dir: Path,
                  save_student, accelerator: Accelerator | None = None, setup_seconds: float = 0.0):
         self.cfg = config
-        self.setup_seconds = setup_seconds  # this process's time before the loop (the teacher cache fill)
+        self.setup_seconds = setup_seconds  # this process's time before the loop (teacher outputs computed)
         self.task = task
         self.student = student
         self.method = method
