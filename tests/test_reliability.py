@@ -288,9 +288,11 @@ def test_an_interrupted_fill_asked_for_with_other_batches_starts_afresh(tmp_path
 
 
 def test_an_interrupted_text_smoothing_table_resumes_and_stores_what_one_fill_stores(tmp_path, glue_dir,
-                                                                                      tiny_base_model, monkeypatch):
+                                                                                      tiny_base_model, monkeypatch,
+                                                                                      capsys):
     """Text Smoothing's MLM top-k table (one teacher pass over the training set, hours on a large set) resumes at
-    the batch an interrupted fill recorded, and ends bit-identical to a table filled in one go."""
+    the batch an interrupted fill recorded, and ends bit-identical to a table filled in one go; its progress bar
+    counts from there."""
     from distilkit.models.teacher import Teacher
 
     monkeypatch.setattr(cache_module, "FILL_PROGRESS_SECONDS", 0)  # progress after every batch
@@ -313,9 +315,14 @@ def test_an_interrupted_text_smoothing_table_resumes_and_stores_what_one_fill_st
     assert json.loads(progress.read_text())["batches"] == 2
     assert list(progress.parent.glob("*.table-fill.npy")), "the interruption should leave the fill behind"
 
+    monkeypatch.setattr(cache_module, "FILL_BAR_DELAY_SECONDS", 0)  # a long fill's bar, on this short one
+    capsys.readouterr()
     resumed = build_run(config("resumed", "cache"))
+    bar = capsys.readouterr().err
     whole = build_run(config("whole", "cache-whole"))
-    assert resumed.teacher.forward_passes == whole.teacher.forward_passes - 2 > 0  # the stored batches kept
+    batches = whole.teacher.forward_passes
+    assert resumed.teacher.forward_passes == batches - 2 > 0  # the stored batches kept
+    assert "teacher cache: mlm-top4-t1" in bar and f" 2/{batches} " in bar and f" {batches}/{batches} " in bar
     assert not progress.exists() and not list(progress.parent.glob("*.table-fill.npy")), "the fill is finished"
     for part in ("ids", "probs"):
         table = next((tmp_path / "cache").rglob(f"mlm-top4-*.{part}.npy"))

@@ -35,12 +35,14 @@ import shutil
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import torch
 from filelock import FileLock
+from tqdm.auto import tqdm
 
 from distilkit.data.dataset import LengthBucketBatchSampler, TokenizedDataset, teacher_inputs
 from distilkit.machine import atomic_write_text
@@ -105,6 +107,16 @@ def _finish(temporary: Path, final: Path, array: np.ndarray, examples: int) -> N
     meta_tmp = final.with_name(final.stem + f".{os.getpid()}.tmp.json")
     meta_tmp.write_text(json.dumps(meta))
     os.replace(meta_tmp, final.with_suffix(".json"))
+
+
+FILL_BAR_DELAY_SECONDS = 10  # a fill this long shows its progress
+
+
+def _fill_progress(batches: Iterable, total: int, done: int, what: str) -> Iterable:
+    """The batches after the `done` an interrupted fill stored, with a bar once the fill has taken a while: a fill
+    over a large transfer set can take as long as the training, and would otherwise say nothing."""
+    return tqdm(islice(batches, done, None), total=total, initial=done, desc=f"teacher cache: {what}", unit="batch",
+                delay=FILL_BAR_DELAY_SECONDS, dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30)
 
 
 def _record_fill(progress: Path, arrays: dict[str, np.ndarray], record: dict) -> None:
@@ -256,9 +268,7 @@ class TeacherCache:
                 arrays[key] = np.lib.format.open_memmap(partial[key], mode="w+", dtype=dtype, shape=shape)
         saved_at = time.monotonic()
         sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
-        for number, indices in enumerate(sampler):
-            if number < done:
-                continue
+        for number, indices in _fill_progress(enumerate(sampler), len(sampler), done, ", ".join(missing)):
             batch = self.dataset.collate([self.dataset[i] for i in indices])
             features = to_device(self.teacher.features(batch, request), torch.device("cpu"))
             for row, index in enumerate(indices):
@@ -315,10 +325,8 @@ class TeacherCache:
             fill = {"batch_size": batch_size, "examples": len(self.dataset), "rows": rows}
             arrays, done_batches = self._resumed_table(name, progress, fill)
             start, saved_at = time.perf_counter(), time.monotonic()
-            for number, indices in enumerate(LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0,
-                                                                      shuffle=False)):
-                if number < done_batches:
-                    continue
+            sampler = LengthBucketBatchSampler(self.dataset.lengths, batch_size, seed=0, shuffle=False)
+            for number, indices in _fill_progress(enumerate(sampler), len(sampler), done_batches, name):
                 batch = self.dataset.collate([self.dataset[i] for i in indices])
                 derived = {part: value.cpu().numpy()
                            for part, value in derive(batch, self.teacher.features(batch, request)).items()}
