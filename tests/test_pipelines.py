@@ -123,12 +123,12 @@ def test_codir_pre_on_a_corpus_then_codir_fine_tuning_from_it(tmp_path, tiny_mlm
                                  "train": {"epochs": 1, "max_steps": 2, "batch_size": 8, "mixed_precision": "no"},
                                  "output": {"dir": str(tmp_path / "fine")}})
     # the task student starts from the pre-trained one's encoder, not from a fresh cut
-    fine = build_config(fine)
+    fine_config = build_config(fine)
     saved = load_file(tmp_path / "pre" / "final" / "model.safetensors")
-    started = build_run(fine).student.model.state_dict()
+    started = build_run(fine_config).student.model.state_dict()
     encoder = [k for k in saved if k.startswith(("embeddings.", "encoder.layer."))]  # saved as a bare encoder
     assert encoder and all(torch.equal(started[f"bert.{k}"], saved[k]) for k in encoder)
-    assert "accuracy" in run_experiment(fine)["final"]["dev"]
+    assert "accuracy" in run_experiment(fine_config)["final"]["dev"]
 
 
 def test_codir_pre_mlm_only_stage_runs_no_teacher(tmp_path, tiny_mlm_teacher, monkeypatch):

@@ -227,7 +227,7 @@ class BuiltRun:
     scratch: tempfile.TemporaryDirectory | None = None  # the method's store when teacher.cache is false
     augment: AugmentConfig | None = None  # the transfer set's augmentation: data.augment's, or the pairs rule's
     cache_shortfall: str | None = None  # what the disk lacks for the teacher cache's fill (then the teacher runs live)
-    method_setup_seconds: float = 0.0  # its own teacher tables: Text Smoothing's MLM top-k, RefBERT's references
+    method_setup_seconds: float = 0.0  # building the method: its teacher tables (Text Smoothing's MLM top-k, RefBERT's)
 
     @property
     def teacher(self) -> Teacher | None:
