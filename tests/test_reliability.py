@@ -7,6 +7,7 @@ rerun, leftovers of a killed run, replayed log lines, untrusted custom code, a d
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -627,3 +628,29 @@ def test_submission_files_are_written_whole_into_a_folder_and_a_file_as_the_fold
     with pytest.raises(ValueError, match="^--out .*submissions is a file: name a folder"):
         write_submission(None, None, {}, taken)
     assert taken.read_text() == "mine"
+
+
+GROWTH_SCRIPT = """
+import sys
+import torch
+from distilkit.machine import return_large_blocks
+if sys.argv[1] == "on":
+    assert return_large_blocks()
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
+torch.ones(2**21)  # an 8 MiB block, freed: glibc's default threshold rises above the 4 MiB blocks below
+before = rss_mb()
+blocks = [torch.ones(2**20) for _ in range(64)]  # 64 blocks of 4 MiB, their pages touched
+keep = torch.ones(2**20)  # allocated last, at the heap's top: the freed blocks below it cannot be trimmed away
+del blocks
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_freed_large_blocks_go_back_to_the_system():
+    """Packed batches take a new shape most steps; their freed activations must not stay in the process (the T12 was
+    killed for memory once). Without return_large_blocks, 256 MiB freed below a live block stays resident."""
+    grown = {mode: int(subprocess.run([sys.executable, "-c", GROWTH_SCRIPT, mode], capture_output=True, text=True,
+                                      check=True).stdout) for mode in ("off", "on")}
+    assert grown["off"] > 200 and grown["on"] < 50, grown

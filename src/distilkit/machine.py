@@ -3,6 +3,7 @@ run took."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import os
@@ -25,6 +26,24 @@ def cache_root(configured: str | None = None) -> Path:
     path = Path(root).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+
+
+def return_large_blocks(threshold: int = 2**20) -> bool:
+    """Has glibc serve blocks of `threshold` bytes and more by mmap, each going back to the system when freed.
+
+    By default glibc raises that threshold to the largest block freed so far (up to 32 MiB) and keeps freed blocks in
+    its heap for reuse. A run whose batches take many shapes (packing makes a new (rows, length) pair most steps)
+    leaves that heap in pieces of many sizes, and RSS grows with the shapes seen: the T12 at the students' length
+    peaked at 12.9 GB where about 5 GB was needed, and was once killed for memory. MiniLM on 400 such batches
+    (benchmarks/results/packing/rss-shapes.json): 3.4 GB at glibc's default, 2.0 GB at 1 MiB and no slower; 64 kB
+    held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved nothing. False (nothing changed) where the C library is not
+    glibc."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def cpu_has_native_bf16() -> bool:

@@ -57,7 +57,14 @@ from distilkit.evaluate.against_teacher import (
     teacher_scores,
 )
 from distilkit.evaluate.profile import count_parameters
-from distilkit.machine import atomic_write_text, cache_root, cpu_label, environment, peak_rss_mb
+from distilkit.machine import (
+    atomic_write_text,
+    cache_root,
+    cpu_label,
+    environment,
+    peak_rss_mb,
+    return_large_blocks,
+)
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
 from distilkit.models.teacher import Teacher
@@ -448,6 +455,7 @@ def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
 
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
+    return_large_blocks()  # before the teacher's outputs and the steps: their many batch shapes would grow the heap
     accelerator = make_accelerator(config.train.mixed_precision)
     check_batch_share(config.train.batch_size, accelerator.num_processes)  # before anything is written
     # one process decides about the output folder (and locks it); the others must not race it
