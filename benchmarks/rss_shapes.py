@@ -3,33 +3,42 @@
 The T12 at the students' length peaked at 12.9 GB of RSS (t12long-mrpc's record; killed once by the OOM killer) where
 its weights, optimizer state and one batch's activations need about 5 GB, and packed batches take many
 (rows, row length) shapes. Each variant trains the MiniLM alias for 400 steps on random batches in a process of its
-own (one thread) and samples RSS every 50 steps; two variants run at a time:
+own (one thread) and samples RSS every 50 steps, and times steps 101-400 (what each setting costs); variants run
+one at a time, in two rounds (a round's order is the list's), beside whatever trains on the other core:
   many    4-32 rows of 16-128 tokens (as packing makes them), bf16 autocast
   few     32 rows, lengths rounded up to 64 (two shapes)
   len16   rows as `many`, lengths rounded up to 16
   fp32    `many` without autocast
   onednn8 `many` under ONEDNN_PRIMITIVE_CACHE_CAPACITY=8 (oneDNN's kernels per shape, capped)
   mmap64k `many` under MALLOC_MMAP_THRESHOLD_=65536 (glibc returns freed blocks above 64 kB to the system)
-Record: benchmarks/results/packing/rss-shapes.json.   python benchmarks/rss_shapes.py
+  mmap1m, mmap4m  the same above 1 MiB, 4 MiB (fewer, larger blocks mapped anew each step)
+  trim50  `many`, calling glibc's malloc_trim(0) every 50 steps (after the sample): the heap's free pages returned
+`python benchmarks/rss_shapes.py [VARIANT ...]` measures the variants named (all by default) in one run, appended to
+the record's runs: compare times only inside one run.
+Record: benchmarks/results/packing/rss-shapes.json.
 """
+import ctypes
 import json
 import os
 import random
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
 
 VARIANTS = {"many": {}, "few": {}, "len16": {}, "fp32": {},
-            "onednn8": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}, "mmap64k": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
+            "onednn8": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}, "mmap64k": {"MALLOC_MMAP_THRESHOLD_": "65536"},
+            "mmap1m": {"MALLOC_MMAP_THRESHOLD_": str(2**20)}, "mmap4m": {"MALLOC_MMAP_THRESHOLD_": str(2**22)},
+            "trim50": {}}
 RECORD = Path("benchmarks/results/packing/rss-shapes.json")
+ROUNDS = 2
 
 
 def rss_mb() -> int:
     return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
 
 
-def train(variant: str) -> dict[int, int]:
+def train(variant: str) -> dict:
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -40,6 +49,8 @@ def train(variant: str) -> dict[int, int]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rng, samples = random.Random(0), {}
     for step in range(1, 401):
+        if step == 101:
+            start = time.perf_counter()
         rows, length = rng.randint(4, 32), rng.randint(16, 128)
         if variant == "few":
             rows, length = 32, -(-length // 64) * 64
@@ -53,28 +64,36 @@ def train(variant: str) -> dict[int, int]:
         optimizer.zero_grad()
         if step % 50 == 0:
             samples[step] = rss_mb()
-    return samples
+            if variant == "trim50":
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return {"rss_mb_by_step": samples, "seconds_steps_101_400": round(time.perf_counter() - start, 2)}
 
 
 def run(variant: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **VARIANTS[variant]}
-    out = subprocess.run([sys.executable, __file__, variant], env=env, capture_output=True, text=True, check=True)
-    return {"env": VARIANTS[variant], "rss_mb_by_step": json.loads(out.stdout.splitlines()[-1])}
+    out = subprocess.run([sys.executable, __file__, "--train", variant], env=env, capture_output=True, text=True,
+                         check=True)
+    return {"env": VARIANTS[variant], **json.loads(out.stdout.splitlines()[-1])}
 
 
-def main() -> None:
+def main(variants: list[str]) -> None:
     from distilkit.machine import environment
 
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(VARIANTS, pool.map(run, VARIANTS)))
-    RECORD.write_text(json.dumps({"steps": 400, "model": "minilm-l6", "threads": 1, "concurrent": 2,
-                                  "variants": results, "environment": environment()}, indent=2) + "\n")
-    for name, result in results.items():
-        print(name, result["rss_mb_by_step"])
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        sys.exit(f"unknown variant {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+    rounds = []
+    for _ in range(ROUNDS):
+        rounds.append({variant: run(variant) for variant in variants})
+        for name, result in rounds[-1].items():
+            print(name, result["seconds_steps_101_400"], result["rss_mb_by_step"], flush=True)
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else {"steps": 400, "model": "minilm-l6",
+                                                                      "threads": 1, "runs": []}
+    record["runs"].append({"variants": variants, "rounds": rounds, "environment": environment()})
+    RECORD.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        print(json.dumps(train(sys.argv[1])))
+    if sys.argv[1:2] == ["--train"]:
+        print(json.dumps(train(sys.argv[2])))
     else:
-        main()
+        main(sys.argv[1:] or list(VARIANTS))
