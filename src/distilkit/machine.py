@@ -38,9 +38,9 @@ def return_large_blocks(threshold: int = 2**20) -> bool:
     its heap for reuse. A run whose batches take many shapes (packing makes a new (rows, length) pair most steps)
     leaves that heap in pieces of many sizes, and RSS grows with the shapes seen: the T12 at the students' length
     peaked at 12.9 GB where about 5 GB was needed, and was once killed for memory. MiniLM on 400 such batches
-    (benchmarks/results/packing/rss-shapes.json): 3.4 GB at glibc's default, 2.0 GB at 1 MiB and no slower; 64 kB
-    held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved nothing. False (nothing changed) where the C library is not
-    glibc."""
+    (benchmarks/results/packing/rss-shapes.json): 3.4 GB at glibc's default, 2.0 GB at 1 MiB at 0.93x and 1.12x the
+    time in two noisy rounds (not yet timed on idle cores); 64 kB held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved
+    nothing. False (nothing changed) where the C library is not glibc."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
