@@ -198,6 +198,24 @@ def test_a_speed_plan_renders_its_own_tables_under_the_speed_report(tmp_path):
     assert text.rstrip().endswith("A note.")
 
 
+def test_a_table_that_fails_leaves_the_committed_speed_report_whole(tmp_path):
+    """A plan table that raised (there: a caption naming a field the table does not fill) left report.md cut to its
+    speed half, the committed tables lost until the plan was mended."""
+    from types import SimpleNamespace
+
+    from distilkit.evaluate.report import render_plan_report
+
+    records = {"sst2-kd-S3-384": {**fixture_record("kd", "S3-384", 0.84, 0.84, 6.0), "cell": "sst2-kd-S3-384",
+                                  "seed": 42, "best": {"metric": "accuracy", "score": 0.84},
+                                  "best_dev": {"accuracy": 0.84}}}
+    (tmp_path / "report.md").write_text("the committed report\n")
+    report = SimpleNamespace(title="Seeds", notes=[], tables=[{"kind": "misspelt"}])
+    plan = SimpleNamespace(name="p", results=str(tmp_path), speed=SimpleNamespace(), report=report)
+    with pytest.raises(ValueError, match="unknown report table kind"):
+        render_plan_report(plan, records, dict.fromkeys(records), "distilkit bench p")
+    assert (tmp_path / "report.md").read_text() == "the committed report\n"
+
+
 def test_paired_gains_are_points_for_glue_fractions_and_squad_percentages(tmp_path):
     from distilkit.evaluate.report import paired_table
 

@@ -475,7 +475,8 @@ def protocol_table(runs: dict[str, dict], spec: dict) -> list[str]:
                            f"{seed_count(len(found))}){mark}")
             rows.append("| " + " | ".join(row) + " |")
         if rows:
-            lines += ["", spec["caption"].format(student=student), "",
+            # replace, not format: other braces in a caption ({task}) stay as written instead of raising
+            lines += ["", spec["caption"].replace("{student}", student), "",
                       "| task | metric | teacher | labels only (% of teacher) | "
                       + " | ".join(m if own is None else f"{m} ({own})" for m, own in methods.items()) + " |",
                       "|---|---|---|---|" + "---|" * len(methods), *rows]
@@ -678,10 +679,11 @@ def render_plan_report(plan, records: dict[str, dict], cells: dict, command: str
     out_dir = Path(plan.results)
     out_dir.mkdir(parents=True, exist_ok=True)  # --report-only before any cell ran
     if plan.speed:  # the speed report, then the plan's own tables (seed statistics) under it
+        # the tables first: a table that fails leaves the committed report.md as it was, not cut short
+        lines = [f"## {plan.report.title}", "", *plan_tables(plan, records, cells, out_dir)] if plan.report else []
         speed_records = [records[name] for name in sorted(cells) if name in records and "speed" in records[name]]
         path = render_report(speed_records, out_dir, title=f"Benchmark plan {plan.name}", command=command)
-        if plan.report:
-            lines = [f"## {plan.report.title}", "", *plan_tables(plan, records, cells, out_dir)]
+        if lines:
             path.write_text(path.read_text() + "\n".join(lines) + "\n")
         return path
     everything = [r for r in records.values() if "best" in r]
