@@ -419,9 +419,9 @@ def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabula
     for weights in teacher_metrics.parent.rglob("*.safetensors"):
         os.utime(weights)
     os.utime(teacher_metrics)
-    scored = json.loads((tmp_path / "work" / "teachers" / "sst2.record.json").read_text())["weights_mtime_ns"]
+    scored = json.loads((tmp_path / "work" / "teacher-records" / "teachers-sst2-best.json").read_text())["weights_mtime_ns"]
     Plans(load_plan(path), path).run(only=["sst2-kd-L2", "sst2-kd-L2-seed7"])
-    assert json.loads((tmp_path / "work" / "teachers" / "sst2.record.json").read_text())["weights_mtime_ns"] > scored
+    assert json.loads((tmp_path / "work" / "teacher-records" / "teachers-sst2-best.json").read_text())["weights_mtime_ns"] > scored
     for cell in ("sst2-kd-L2", "sst2-kd-L2-seed7"):
         run = Path(json.loads((tmp_path / "results" / "records" / f"{cell}.json").read_text())["dir"])
         assert (run / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime, cell
@@ -436,6 +436,30 @@ def test_a_speed_plan_with_a_teacher_cell_and_seeds_times_first_seeds_and_tabula
     assert teacher_record["best_dev"] == best_dev(teacher_metrics.parent, json.loads(teacher_metrics.read_text()))
     kd = json.loads((tmp_path / "results" / "records" / "sst2-kd-L2.json").read_text())
     assert (Path(kd["dir"]) / "metrics.json").stat().st_mtime > teacher_metrics.stat().st_mtime
+
+
+def test_two_teachers_of_one_task_keep_their_own_record_and_onnx_export(tmp_path, glue_dir, tiny_teacher, launched):
+    """A plan comparing teacher recipes on one task (base-teacher's t12 and t12long): the export and int8 search of one
+    teacher were deleted and redone each time a cell of the other was timed, as both lived under the task's name."""
+    path = tiny_speed_plan(tmp_path, glue_dir, tiny_teacher)
+    data = yaml.safe_load(path.read_text())
+    group = data["cells"][0]
+    group["axes"]["task"]["sst2"] = {"task": {"name": "sst2"}, "teacher_from": "teacher-sst2"}
+    group["axes"]["task"]["sst2-long"] = {"task": {"name": "sst2"}, "teacher_from": "teacherlong-sst2"}
+    teacher = {"task": {"name": "sst2"}, "student": {"init": "pretrained", "pretrained": str(tiny_teacher)},
+               "method": {"name": "finetune"}}
+    data["cells"][:0] = [{"name": "teacher-sst2", "dir": "teachers/sst2", "set": teacher},
+                         {"name": "teacherlong-sst2", "dir": "teachers-long/sst2", "set": {**teacher, "train": {"epochs": 2}}}]
+    data["speed"]["formats"] = ["onnx_fp32"]
+    path.write_text(yaml.safe_dump(data))
+    Plans(load_plan(path), path).run(only=["sst2-kd-L2"])
+    first = tmp_path / "work" / "onnx" / "teacher-teachers-sst2-best" / "model.onnx"
+    exported = first.stat().st_mtime_ns
+    Plans(load_plan(path), path).run(only=["sst2-long-kd-L2", "sst2-kd-L2"])
+    assert (tmp_path / "work" / "onnx" / "teacher-teachers-long-sst2-best" / "model.onnx").is_file()
+    assert first.stat().st_mtime_ns == exported
+    records = tmp_path / "work" / "teacher-records"
+    assert {p.name for p in records.iterdir()} == {"teachers-sst2-best.json", "teachers-long-sst2-best.json"}
 
 
 def test_plan_errors_name_the_cell(tmp_path, glue_dir, tiny_teacher):

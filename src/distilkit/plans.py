@@ -655,9 +655,8 @@ class Plans:
         model = Path(cell.config.teacher.model)
         if not model.is_dir():
             raise FileNotFoundError(f"teacher of {cell.name} not found at {model}")
-        task = cell.config.task.name
-        path = Path(self.plan.output) / "teachers" / f"{task}.record.json"
-        onnx = Path(self.plan.output) / "onnx" / f"teacher-{task}"
+        path = Path(self.plan.output) / "teacher-records" / f"{self.teacher_key(model)}.json"
+        onnx = self.teacher_onnx(model)
         stamp = max((f.stat().st_mtime_ns for f in model.glob("*.safetensors")), default=0)
         if path.is_file():
             kept = json.loads(path.read_text())
@@ -673,6 +672,16 @@ class Plans:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(record, indent=2))
         return record
+
+    def teacher_key(self, model: Path) -> str:
+        """One name per teacher folder, so that two teachers of a task (a plan comparing teacher recipes) keep their
+        own record and ONNX export instead of redoing each other's (the int8 search of a 12-layer teacher is minutes)."""
+        output = Path(self.plan.output)
+        folder = model.relative_to(output) if model.is_relative_to(output) else model
+        return "-".join(part for part in folder.parts if part not in ("/", ".", ".."))
+
+    def teacher_onnx(self, model: Path) -> Path:
+        return Path(self.plan.output) / "onnx" / f"teacher-{self.teacher_key(model)}"
 
     def train_record(self, cell: Cell, teacher: dict) -> dict:
         from distilkit.evaluate.profile import size_record
@@ -730,7 +739,7 @@ class Plans:
         student_dev = self._dev(config, student_dir)[2]  # its own tokenizer's reading (the teacher's, or its own)
         onnx = Path(self.plan.output) / "onnx"
         student = Deployment(student_dir, onnx / record["cell"])
-        teacher = Deployment(teacher_model, onnx / f"teacher-{spec.name}")
+        teacher = Deployment(teacher_model, self.teacher_onnx(teacher_model))
         s = self.plan.speed
         for fmt in s.formats:
             if fmt in record["speed"]["formats"]:
