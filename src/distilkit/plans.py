@@ -678,7 +678,8 @@ class Plans:
         own record and ONNX export instead of redoing each other's (the int8 search of a 12-layer teacher is minutes)."""
         output = Path(self.plan.output)
         folder = model.relative_to(output) if model.is_relative_to(output) else model
-        return "-".join(part for part in folder.parts if part not in ("/", ".", ".."))
+        parts = folder.parts[1:] if folder.anchor else folder.parts  # no "/" or "C:\\" in a folder name
+        return "-".join(part for part in parts if part != "..")
 
     def teacher_onnx(self, model: Path) -> Path:
         return Path(self.plan.output) / "onnx" / f"teacher-{self.teacher_key(model)}"
