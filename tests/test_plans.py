@@ -9,7 +9,7 @@ import yaml
 from conftest import cli
 from distilkit.config import ConfigError, build_config
 from distilkit.demo import run_demo
-from distilkit.plans import Plans, load_plan, rule_defaults_recorded, scored_as_today
+from distilkit.plans import Plans, load_plan, rule_defaults_recorded, run_plan, scored_as_today
 from distilkit.run import RunError
 from test_corpus import write_corpus
 
@@ -357,3 +357,27 @@ def test_a_used_cell_s_record_follows_a_rerun_on_the_same_machine_and_is_kept_ac
     record_file.write_text(json.dumps(record, indent=2))
     assert rerun_general(5.0, cpu="A third CPU") == 1.25
     assert launched == ["general", "task-kd"]  # each trained once
+
+
+def test_the_report_follows_the_plan_file_as_it_reads_when_the_bench_ends(tmp_path, tiny_base_model, tiny_teacher,
+                                                                            glue_dir, launched, capsys):
+    """A bench runs for hours; a table added to its plan meanwhile was left out of the report it wrote at its end.
+    Here the plan's one step edits the report's title while the bench runs; a half-done edit keeps the plan the
+    bench started with, and says why."""
+    plan = tiny_stages(tmp_path, tiny_base_model, tiny_teacher, glue_dir)
+    plan["results"] = str(tmp_path / "results")
+    plan["report"] = {"title": "As the bench started"}
+    path = tmp_path / "plan.yaml"
+    script = tmp_path / "edit.py"
+    script.write_text("import json, pathlib, sys\np = pathlib.Path(sys.argv[1])\n"
+                      "p.write_text(p.read_text().replace(sys.argv[2], sys.argv[3]))\nprint(json.dumps({'edited': 1}))\n")
+    plan["steps"] = [{"name": "edit", "command": f"python {script} {path} 'As the bench started' 'Edited meanwhile'"}]
+    write(tmp_path, plan)
+    run_plan(path, only=["edit"])
+    assert (tmp_path / "results" / "report.md").read_text().startswith("# Edited meanwhile (")
+    plan["steps"] = [{"name": "edit", "command": f"python {script} {path} 'name: stages' 'name: [stages'"}]
+    write(tmp_path, plan)
+    (tmp_path / "plan" / "stages" / "edit.json").unlink()  # measured again: this time the edit breaks the YAML
+    run_plan(path, only=["edit"])
+    assert (tmp_path / "results" / "report.md").read_text().startswith("# As the bench started (")
+    assert "[plan] the report follows the plan as this bench read it at its start: " in capsys.readouterr().err

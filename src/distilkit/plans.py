@@ -513,7 +513,19 @@ class Plans:
             output = self.step(step)
             if records_dir:
                 self.write_step_record(step, output, records_dir / f"{step.name.replace('/', '-')}.json")
-        return self.render()
+        return self.as_the_file_reads_now().render()
+
+    def as_the_file_reads_now(self) -> Plans:
+        """The plan as its file reads when the bench ends: a bench runs for hours, and a table added to the plan
+        meanwhile was left out of the report it wrote. A file that no longer loads (an edit half done) leaves the plan
+        the bench started with, saying so."""
+        if self.path is None:
+            return self
+        try:
+            return Plans(load_plan(self.path, self.plan._overrides), self.path, self.python)
+        except ConfigError as error:
+            print(f"[plan] the report follows the plan as this bench read it at its start: {error}", file=sys.stderr)
+            return self
 
     def refuse_other_machines_records(self, names: list[str], records_dir: Path) -> None:
         """Runs on two kinds of CPU (or library versions) do not pair (their teachers come out different), so a
