@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from distilkit.config import load_config
-from distilkit.data.readers import read_task_file, resolve_data_dir
+from distilkit.data.readers import read_task_file, unlabeled_file_path
 from distilkit.data.tasks import task_spec
 from distilkit.machine import environment
 from distilkit.models.features import FeatureRequest
@@ -32,10 +32,11 @@ def entropy(probabilities: np.ndarray) -> np.ndarray:
 def summary(logits: torch.Tensor, gold: np.ndarray, temperature: float) -> dict:
     probabilities = torch.softmax(logits, -1).numpy()
     soft = torch.softmax(logits / temperature, -1).numpy()  # what kd's KL term reads
+    confidence = probabilities.max(1)
     return {"examples": len(gold),
             "teacher_agrees_with_gold": round(float(np.mean(probabilities.argmax(1) == gold)), 4),
-            "mean_confidence": round(float(probabilities.max(1).mean()), 4),
-            "share_above_0.99": round(float(np.mean(probabilities.max(1) > 0.99)), 4),
+            "mean_confidence": round(float(confidence.mean()), 4),
+            "share_above_0.99": round(float(np.mean(confidence > 0.99)), 4),
             "mean_entropy_nats": round(float(entropy(probabilities).mean()), 4),
             "mean_entropy_nats_at_kd_temperature": round(float(entropy(soft).mean()), 4)}
 
@@ -45,13 +46,13 @@ def main(config_path: str, output: str) -> None:
     if not config.data.unlabeled_file:
         sys.exit(f"{config_path} has no data.unlabeled_file: give a kd-pool cell's config")
     task = task_spec(config.task)
+    if task.is_regression:
+        sys.exit(f"task {task.name} is a regression: a teacher's score has no class to agree with gold on")
     train, held_out_dev = training_examples(config, task)
     scored = [e.texts for examples in eval_examples(config, task, held_out_dev).values() for e in examples]
     examples = with_unlabeled(config, task, train, scored)  # the transfer set, in the dataset's order
-    pool_file = Path(config.data.unlabeled_file)
-    if not pool_file.exists():
-        pool_file = resolve_data_dir(config.data.dir) / pool_file
-    gold_of = {e.texts: e.label for e in read_task_file(task, pool_file)}
+    gold_of = {e.texts: e.label for e in read_task_file(task, unlabeled_file_path(config.data.unlabeled_file,
+                                                                                    config.data))}
     gold = np.array([gold_of[e.texts] if e.label is None else e.label for e in examples])
 
     built = build_run(config)

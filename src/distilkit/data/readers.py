@@ -135,6 +135,11 @@ def _columns(path: Path) -> list[str]:
 def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]:
     """data.unlabeled_file's examples, read without labels in the task's file format (GLUE's unquoted tsv for a
     GLUE task's .tsv)."""
+    return read_task_file(task, unlabeled_file_path(file, data), labeled=False)
+
+
+def unlabeled_file_path(file: str, data: DataConfig) -> Path:
+    """data.unlabeled_file as a path: a relative one is looked up in the working folder, then under data.dir."""
     path = Path(file).expanduser()
     if not path.is_absolute() and not path.exists() and (data.dir or os.environ.get(DATA_ENV)):
         path = resolve_data_dir(data.dir) / path
@@ -143,7 +148,7 @@ def read_unlabeled(task: TaskSpec, file: str, data: DataConfig) -> list[Example]
     if not path.is_file():
         raise DataError(f"data.unlabeled_file {file} does not exist (a relative path is looked up in the working "
                         "folder, then under data.dir)")
-    return read_task_file(task, path, labeled=False)
+    return path
 
 
 def read_task_file(task: TaskSpec, path: Path, labeled: bool = True) -> list[Example]:
