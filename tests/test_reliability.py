@@ -634,8 +634,8 @@ GROWTH_SCRIPT = """
 import sys
 import torch
 from distilkit.machine import return_large_blocks
-if sys.argv[1] == "on":
-    assert return_large_blocks()
+if sys.argv[1] != "off":
+    assert return_large_blocks() == (sys.argv[1] == "on")
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
 torch.ones(2**21)  # an 8 MiB block, freed: glibc's default threshold rises above the 4 MiB blocks below
@@ -654,3 +654,13 @@ def test_freed_large_blocks_go_back_to_the_system():
     grown = {mode: int(subprocess.run([sys.executable, "-c", GROWTH_SCRIPT, mode], capture_output=True, text=True,
                                       check=True).stdout) for mode in ("off", "on")}
     assert grown["off"] > 200 and grown["on"] < 50, grown
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_a_threshold_set_in_the_environment_stands():
+    """MALLOC_MMAP_THRESHOLD_ in the environment is the user's choice: return_large_blocks leaves it, so the 256 MiB
+    freed below a live block stay resident under a threshold above their 4 MiB blocks."""
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**25)}
+    grown = int(subprocess.run([sys.executable, "-c", GROWTH_SCRIPT, "user"], capture_output=True, text=True,
+                               check=True, env=environment).stdout)
+    assert grown > 200, grown

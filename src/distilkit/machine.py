@@ -40,8 +40,9 @@ def return_large_blocks(threshold: int = 2**20) -> bool:
     peaked at 12.9 GB where about 5 GB was needed, and was once killed for memory. MiniLM on 400 such batches
     (benchmarks/results/packing/rss-shapes.json): 3.4 GB at glibc's default, 2.0 GB at 1 MiB at 0.93x and 1.12x the
     time in two noisy rounds (not yet timed on idle cores); 64 kB held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved
-    nothing. False (nothing changed) where the C library is not glibc."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    nothing. False (nothing changed) where the C library is not glibc, or where the environment already sets glibc's
+    threshold (MALLOC_MMAP_THRESHOLD_): the user's choice stands."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
 
