@@ -656,6 +656,26 @@ def test_freed_large_blocks_go_back_to_the_system():
     assert grown["off"] > 200 and grown["on"] < 50, grown
 
 
+THRESHOLD_SCRIPT = """
+from distilkit.machine import environment, return_large_blocks
+return_large_blocks()
+print(environment()["malloc_mmap_threshold"])
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_every_record_says_which_mmap_threshold_its_run_had():
+    """The threshold moves a run's seconds and peak memory (the T12: 1.25-1.37x the time at 1 MiB), so records say it:
+    the one return_large_blocks set, or the environment's."""
+    def recorded(**environment) -> str:
+        return subprocess.run([sys.executable, "-c", THRESHOLD_SCRIPT], capture_output=True, text=True, check=True,
+                              env={**{k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"},
+                                   **environment}).stdout.strip()
+    from distilkit.machine import return_large_blocks
+    assert recorded() == str(return_large_blocks.__defaults__[0])
+    assert recorded(MALLOC_MMAP_THRESHOLD_="65536") == "65536"
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_a_threshold_set_in_the_environment_stands():
     """MALLOC_MMAP_THRESHOLD_ in the environment is the user's choice: return_large_blocks leaves it, so the 256 MiB

@@ -29,6 +29,14 @@ def cache_root(configured: str | None = None) -> Path:
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+_threshold_set: int | None = None  # what return_large_blocks set in this process
+
+
+def mmap_threshold() -> int | None:
+    """glibc's mmap threshold in force, in bytes: the environment's, or return_large_blocks'; None for glibc's own
+    (rising to the largest block freed). It moves a run's time and memory, not its numbers."""
+    configured = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    return int(configured) if configured and configured.isdigit() else _threshold_set
 
 
 def return_large_blocks(threshold: int = 2**20) -> bool:
@@ -42,9 +50,12 @@ def return_large_blocks(threshold: int = 2**20) -> bool:
     time in two noisy rounds (not yet timed on idle cores); 64 kB held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved
     nothing. False (nothing changed) where the C library is not glibc, or where the environment already sets glibc's
     threshold (MALLOC_MMAP_THRESHOLD_): the user's choice stands."""
+    global _threshold_set
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
+    if done := bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold)):
+        _threshold_set = threshold
+    return done
 
 
 def cpu_has_native_bf16() -> bool:
@@ -215,7 +226,7 @@ def environment() -> dict:
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "malloc_mmap_threshold": mmap_threshold()}
 
 
 def peak_rss_mb() -> float:
