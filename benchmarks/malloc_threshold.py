@@ -1,11 +1,11 @@
 """What glibc's mmap threshold costs a real training run, in seconds and peak memory (2026-12-08, packing README).
 
-`distilkit.machine.return_large_blocks` has every run map blocks of 1 MiB and more (3ca056e: RSS grew with the many
-batch shapes packing makes). rss_shapes.py timed it on random batches; here the run is a real one: the config given
-(distill's own arguments, after `--`), cut to `--steps` steps, without checkpoints or scoring between, once per threshold in a
-process of its own (MALLOC_MMAP_THRESHOLD_, which return_large_blocks leaves alone), the thresholds taking turns over
-`--rounds` rounds so that the other core's load falls on all alike. 32 MiB stands for glibc's own behaviour, whose
-threshold rises to the largest block freed, up to 32 MiB on 64-bit.
+From 3ca056e to 2026-12-08 every run had glibc map blocks of 1 MiB and more (RSS grew with the many batch shapes
+packing makes); rss_shapes.py had timed that on random batches, no slower for MiniLM. Here the run is a real one: the
+config given (distill's own arguments, after `--`), cut to `--steps` steps, without checkpoints or scoring between,
+once per threshold in a process of its own (MALLOC_MMAP_THRESHOLD_), the thresholds taking turns over `--rounds`
+rounds so that the other core's load falls on all alike. 32 MiB stands for glibc's own behaviour, whose threshold
+rises to the largest block freed, up to 32 MiB on 64-bit.
 
     DISTILKIT_DATA=../shared/data python benchmarks/malloc_threshold.py [--steps N] [--rounds R] [--mib MIB ...] \
         -- DISTILL_ARGUMENTS

@@ -3,7 +3,6 @@ run took."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -28,34 +27,15 @@ def cache_root(configured: str | None = None) -> Path:
     return path
 
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
-_threshold_set: int | None = None  # what return_large_blocks set in this process
-
-
 def mmap_threshold() -> int | None:
-    """glibc's mmap threshold in force, in bytes: the environment's, or return_large_blocks'; None for glibc's own
-    (rising to the largest block freed). It moves a run's time and memory, not its numbers."""
+    """glibc's mmap threshold set in the environment (MALLOC_MMAP_THRESHOLD_), in bytes; None for glibc's own, which
+    rises to the largest block freed. It moves a run's seconds and peak memory, not its numbers: packed batches take a
+    new shape most steps and glibc keeps their freed activations, so RSS grows with the shapes seen (the T12 peaked at
+    12.9 GB); 1 MiB holds it (the T12 about 4 GB, MiniLM 2.0 GB instead of 3.4) but a real MiniLM run took 1.5x the
+    time and the T12 1.3-1.8x (benchmarks/results/packing: malloc-threshold.json, rss-shapes.json), so runs leave
+    glibc alone and a machine short of memory sets the variable (README, "Memory on CPU")."""
     configured = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    return int(configured) if configured and configured.isdigit() else _threshold_set
-
-
-def return_large_blocks(threshold: int = 2**20) -> bool:
-    """Has glibc serve blocks of `threshold` bytes and more by mmap, each going back to the system when freed.
-
-    By default glibc raises that threshold to the largest block freed so far (up to 32 MiB) and keeps freed blocks in
-    its heap for reuse. A run whose batches take many shapes (packing makes a new (rows, length) pair most steps)
-    leaves that heap in pieces of many sizes, and RSS grows with the shapes seen: the T12 at the students' length
-    peaked at 12.9 GB where about 5 GB was needed, and was once killed for memory. MiniLM on 400 such batches
-    (benchmarks/results/packing/rss-shapes.json): 3.4 GB at glibc's default, 2.0 GB at 1 MiB at 0.93x and 1.12x the
-    time in two noisy rounds (not yet timed on idle cores); 64 kB held 1.4 GB but took 1.4-1.7x the time, 4 MiB saved
-    nothing. False (nothing changed) where the C library is not glibc, or where the environment already sets glibc's
-    threshold (MALLOC_MMAP_THRESHOLD_): the user's choice stands."""
-    global _threshold_set
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    if done := bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold)):
-        _threshold_set = threshold
-    return done
+    return int(configured) if configured and configured.isdigit() else None
 
 
 def cpu_has_native_bf16() -> bool:

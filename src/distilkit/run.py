@@ -63,7 +63,6 @@ from distilkit.machine import (
     cpu_label,
     environment,
     peak_rss_mb,
-    return_large_blocks,
 )
 from distilkit.methods import MethodContext, get_method, method_names
 from distilkit.models.student import NoTokenizerFiles, build_student, load_tokenizer
@@ -455,7 +454,6 @@ def share_students(out: Path, config: ExperimentConfig, metrics: dict) -> None:
 
 def run_experiment(config: ExperimentConfig) -> dict:
     """Trains, evaluates and saves; returns (and writes) the run's metrics."""
-    return_large_blocks()  # before the teacher's outputs and the steps: their many batch shapes would grow the heap
     accelerator = make_accelerator(config.train.mixed_precision)
     check_batch_share(config.train.batch_size, accelerator.num_processes)  # before anything is written
     # one process decides about the output folder (and locks it); the others must not race it
