@@ -31,9 +31,9 @@ def mmap_threshold() -> int | None:
     """glibc's mmap threshold set in the environment (MALLOC_MMAP_THRESHOLD_), in bytes; None for glibc's own, which
     rises to the largest block freed. It moves a run's seconds and peak memory, not its numbers: packed batches take a
     new shape most steps and glibc keeps their freed activations, so RSS grows with the shapes seen (the T12 peaked at
-    12.9 GB); 1 MiB holds it (the T12 about 4 GB, MiniLM 2.0 GB instead of 3.4) but a real MiniLM run took 1.5x the
-    time and the T12 1.3-1.8x (benchmarks/results/packing: malloc-threshold.json, rss-shapes.json), so runs leave
-    glibc alone and a machine short of memory sets the variable (README, "Memory on CPU")."""
+    12.9 GB); 1 MiB holds it (a real MiniLM run 2.05 GB instead of 3.4) but took 1.53-1.62x the time, the T12 on
+    random batches 1.25-1.43x (benchmarks/results/packing: malloc-threshold.json, rss-shapes.json), so runs leave glibc
+    alone and a machine short of memory sets the variable (README, "Memory on CPU")."""
     configured = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     return int(configured) if configured and configured.isdigit() else None
 
