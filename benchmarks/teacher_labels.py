@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distilkit.config import load_config
+from distilkit.data.dataset import NO_CLASS
 from distilkit.data.errors import DataError
 from distilkit.data.readers import read_task_file, unlabeled_file_path
 from distilkit.data.tasks import task_spec
@@ -74,11 +75,11 @@ def main(config_path: str, output: str) -> None:
     examples = built.train_data.examples
     if len(logits) != len(examples):
         sys.exit(f"the cache holds {len(logits)} rows for {len(examples)} examples: not this transfer set")
-    given = np.array([e.label is not None for e in examples])
+    labels = built.train_data.labels  # the gold class, NO_CLASS for an example the run added
+    given = labels != NO_CLASS
     gold_of = pool_gold(config, task)
     added_gold = None if gold_of is None else np.array([gold_of[e.texts] for e in examples if e.label is None])
-    parts = {"with gold labels": summary(logits[given], np.array([e.label for e in examples if e.label is not None])),
-             "added": summary(logits[~given], added_gold)}
+    parts = {"with gold labels": summary(logits[given], labels[given]), "added": summary(logits[~given], added_gold)}
     result = {"config": config_path, "teacher": config.teacher.first,
               "kd_temperature": getattr(config.method, "temperature", None),
               "added_by": "data.unlabeled_file" if config.data.unlabeled_file else "data.augment",
